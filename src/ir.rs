@@ -1,0 +1,447 @@
+//! The infra IR: plain data, no I/O.
+//!
+//! [`ProxyInfra`] mirrors Envoy Gateway's `ProxyInfra` (name, namespace, metadata, listeners,
+//! addresses) and carries, in [`EnvoyProxy`], the typed subset of EG's EnvoyProxy that berth
+//! honours. berth adds its own [`RolloutPolicy`] and, in standalone mode, a small routing model
+//! ([`Routing::Standalone`]); in xds mode Envoy Gateway pushes routes and berth only points the
+//! bootstrap at it ([`Routing::Xds`]). JSON field names are EG's (camelCase).
+//!
+//! Values here are already validated and parsed (durations as [`Duration`], sizes in bytes):
+//! the sources turn user input into this shape or report errors.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Everything berth should run on one host.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Infra {
+    pub proxies: Vec<ProxyInfra>,
+}
+
+impl Infra {
+    pub fn proxy(&self, name: &str) -> Option<&ProxyInfra> {
+        self.proxies.iter().find(|p| p.name == name)
+    }
+}
+
+/// One proxy fleet: N replicas of one Envoy behind the listeners' host ports.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyInfra {
+    #[serde(default)]
+    pub metadata: InfraMetadata,
+    /// A DNS label; EG's "ns/gateway" keys are mapped to e.g. "ns-gateway" by the sources.
+    pub name: String,
+    #[serde(default)]
+    pub namespace: String,
+    pub config: EnvoyProxy,
+    #[serde(default)]
+    pub listeners: Vec<ProxyListener>,
+    #[serde(default)]
+    pub addresses: Vec<String>,
+    #[serde(default)]
+    pub rollout: RolloutPolicy,
+    pub routing: Routing,
+}
+
+impl ProxyInfra {
+    /// Every port Envoy binds on the host (host networking: container port = host port).
+    pub fn host_ports(&self) -> Vec<u16> {
+        self.listeners
+            .iter()
+            .flat_map(|l| l.ports.iter().map(|p| p.container_port))
+            .collect()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct InfraMetadata {
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    #[serde(default)]
+    pub annotations: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProxyListener {
+    pub name: String,
+    pub ports: Vec<ListenerPort>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerPort {
+    /// EG's convention: lower("<protocol>-<servicePort>"), e.g. "http-8080".
+    pub name: String,
+    pub protocol: Protocol,
+    pub service_port: u16,
+    pub container_port: u16,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Protocol {
+    Http,
+    Https,
+    Tls,
+    Tcp,
+    Udp,
+}
+
+/// The subset of EG's EnvoyProxy spec berth honours, flattened. The EG source maps
+/// `provider.kubernetes.envoyDeployment.{replicas, container.{image, env, resources}}` here.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EnvoyProxy {
+    pub image: String,
+    pub replicas: u32,
+    #[serde(default)]
+    pub resources: Resources,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Envoy worker threads; `None` means max(1, host CPUs / replicas).
+    #[serde(default)]
+    pub concurrency: Option<u32>,
+    #[serde(default)]
+    pub extra_args: Vec<String>,
+    #[serde(default)]
+    pub logging: Logging,
+    #[serde(default)]
+    pub shutdown: Shutdown,
+    #[serde(default)]
+    pub bootstrap: Option<BootstrapOverride>,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Resources {
+    /// CPUs as a fraction (1.5 = one and a half cores).
+    #[serde(default)]
+    pub cpus: Option<f64>,
+    /// Memory limit in bytes.
+    #[serde(default)]
+    pub memory: Option<u64>,
+}
+
+/// EG's `logging.level`: a map from component ("default", "upstream", "http", …) to level.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Logging {
+    #[serde(default)]
+    pub level: BTreeMap<String, LogLevel>,
+}
+
+impl Logging {
+    pub fn default_level(&self) -> LogLevel {
+        self.level.get("default").copied().unwrap_or(LogLevel::Warn)
+    }
+
+    /// Component levels other than "default", for Envoy's `--component-log-level`.
+    pub fn component_levels(&self) -> impl Iterator<Item = (&str, LogLevel)> {
+        self.level
+            .iter()
+            .filter(|(c, _)| c.as_str() != "default")
+            .map(|(c, l)| (c.as_str(), *l))
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogLevel {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+    Critical,
+    Off,
+}
+
+impl LogLevel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogLevel::Trace => "trace",
+            LogLevel::Debug => "debug",
+            LogLevel::Info => "info",
+            LogLevel::Warn => "warn",
+            LogLevel::Error => "error",
+            LogLevel::Critical => "critical",
+            LogLevel::Off => "off",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Shutdown {
+    /// Envoy's `--drain-time-s`: how long listeners drain when told to.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    /// The least time a retiring replica drains, even when its connections reach 0 sooner.
+    #[serde(with = "humantime_serde")]
+    pub min_drain_duration: Duration,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        // EG's defaults.
+        Shutdown {
+            drain_timeout: Duration::from_secs(60),
+            min_drain_duration: Duration::from_secs(10),
+        }
+    }
+}
+
+/// EG's `bootstrap`: a user document merged into, or replacing, the rendered bootstrap.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapOverride {
+    #[serde(rename = "type")]
+    pub kind: BootstrapOverrideKind,
+    /// YAML (or JSON) text; for JSONPatch, a JSON Patch array.
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum BootstrapOverrideKind {
+    Merge,
+    Replace,
+    JSONPatch,
+}
+
+/// berth's rollout policy for one proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RolloutPolicy {
+    /// How long a new replica may take to report /ready LIVE.
+    #[serde(with = "humantime_serde")]
+    pub startup_deadline: Duration,
+    /// How long a new replica must stay ready before the old one is retired.
+    #[serde(with = "humantime_serde")]
+    pub min_ready: Duration,
+    /// The longest berth waits for a retiring replica's connections to reach 0.
+    #[serde(with = "humantime_serde")]
+    pub drain_timeout: Duration,
+    pub on_failure: OnFailure,
+}
+
+impl Default for RolloutPolicy {
+    fn default() -> Self {
+        RolloutPolicy {
+            startup_deadline: Duration::from_secs(30),
+            min_ready: Duration::from_secs(2),
+            drain_timeout: Duration::from_secs(15),
+            on_failure: OnFailure::Rollback,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnFailure {
+    #[default]
+    Rollback,
+    Pause,
+}
+
+/// Where a proxy's listeners, routes and clusters come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Routing {
+    /// berth renders listener and cluster files that Envoy watches.
+    Standalone(Standalone),
+    /// Envoy Gateway pushes everything over ADS.
+    Xds(XdsServer),
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Standalone {
+    /// One entry per [`ProxyListener`], matched by name.
+    pub listeners: Vec<ListenerRouting>,
+    pub backends: Vec<Backend>,
+}
+
+impl Standalone {
+    pub fn backend(&self, name: &str) -> Option<&Backend> {
+        self.backends.iter().find(|b| b.name == name)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ListenerRouting {
+    /// The [`ProxyListener`] name this applies to.
+    pub listener: String,
+    /// TLS termination; present for HTTPS listeners and TLS-terminating TCP listeners.
+    #[serde(default)]
+    pub tls: Option<TlsFiles>,
+    pub traffic: Traffic,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum Traffic {
+    Http { virtual_hosts: Vec<VirtualHost> },
+    Tcp { backend: String },
+}
+
+/// Certificate and key files on the host, mounted read-only into the replicas.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TlsFiles {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VirtualHost {
+    pub name: String,
+    /// Host header values; `["*"]` matches any.
+    pub domains: Vec<String>,
+    pub routes: Vec<Route>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Route {
+    #[serde(rename = "match")]
+    pub matcher: RouteMatch,
+    pub action: RouteAction,
+    #[serde(default, with = "humantime_serde")]
+    pub timeout: Option<Duration>,
+    #[serde(default)]
+    pub retries: Option<Retries>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteMatch {
+    pub path: PathMatch,
+    /// All must match (exact value comparison).
+    #[serde(default)]
+    pub headers: Vec<HeaderMatch>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum PathMatch {
+    Prefix(String),
+    Exact(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HeaderMatch {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub enum RouteAction {
+    /// Forward to one backend, or split by weight across several.
+    Forward { backends: Vec<WeightedBackend> },
+    DirectResponse { status: u16, body: String },
+    Redirect(Redirect),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct WeightedBackend {
+    pub name: String,
+    pub weight: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Redirect {
+    #[serde(default)]
+    pub scheme: Option<String>,
+    #[serde(default)]
+    pub host: Option<String>,
+    #[serde(default)]
+    pub port: Option<u16>,
+    #[serde(default)]
+    pub path: Option<String>,
+    /// 301, 302, 303, 307 or 308.
+    pub status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Retries {
+    pub attempts: u32,
+    /// Envoy `retry_on` conditions, e.g. ["5xx", "connect-failure"].
+    pub on: Vec<String>,
+    #[serde(default, with = "humantime_serde")]
+    pub per_try_timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Backend {
+    pub name: String,
+    pub endpoints: Vec<Endpoint>,
+    #[serde(default)]
+    pub lb_policy: LbPolicy,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    #[serde(default)]
+    pub health_check: Option<HealthCheck>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Endpoint {
+    /// An IP address or a DNS name.
+    pub host: String,
+    pub port: u16,
+}
+
+impl Endpoint {
+    pub fn is_ip(&self) -> bool {
+        self.host.parse::<std::net::IpAddr>().is_ok()
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LbPolicy {
+    #[default]
+    RoundRobin,
+    LeastRequest,
+    Random,
+    RingHash,
+    Maglev,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthCheck {
+    pub path: String,
+    #[serde(with = "humantime_serde")]
+    pub interval: Duration,
+    #[serde(with = "humantime_serde")]
+    pub timeout: Duration,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+}
+
+/// The Envoy Gateway xDS server and the mTLS files to reach it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct XdsServer {
+    pub address: String,
+    pub port: u16,
+    pub ca_file: PathBuf,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+}

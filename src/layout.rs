@@ -1,0 +1,70 @@
+//! Where files live: inside a replica container, and in berth's state directory on the host.
+//!
+//! ```text
+//! <state_dir>/                                   0700
+//!   proxies/<proxy>/
+//!     generations/<spec-hash>/bootstrap.yaml     one per spec generation, never rewritten
+//!     xds/{lds,cds}.yaml                         watched by Envoy, mounted read-only
+//!     run/<container-name>/admin.sock            each replica's admin socket directory
+//! ```
+
+use std::path::{Path, PathBuf};
+
+/// Inside a replica: the bootstrap directory (mounted read-only).
+pub const CONTAINER_BOOTSTRAP_DIR: &str = "/etc/berth/bootstrap";
+/// Inside a replica: the bootstrap file Envoy is started with.
+pub const CONTAINER_BOOTSTRAP: &str = "/etc/berth/bootstrap/bootstrap.yaml";
+/// Inside a replica: the watched directory of listener and cluster files (read-only).
+pub const CONTAINER_XDS_DIR: &str = "/etc/berth/xds";
+/// Inside a replica: the directory holding the admin socket (read-write, per replica).
+pub const CONTAINER_RUN_DIR: &str = "/run/berth";
+/// Inside a replica: the admin socket.
+pub const CONTAINER_ADMIN_SOCKET: &str = "/run/berth/admin.sock";
+/// Inside a replica: TLS material, one directory per listener or `xds` (read-only).
+pub const CONTAINER_TLS_DIR: &str = "/etc/berth/tls";
+
+pub const BOOTSTRAP_FILE: &str = "bootstrap.yaml";
+pub const LDS_FILE: &str = "lds.yaml";
+pub const CDS_FILE: &str = "cds.yaml";
+pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
+
+/// Host-side paths for one proxy under a state directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyDirs {
+    root: PathBuf,
+}
+
+impl ProxyDirs {
+    pub fn new(state_dir: &Path, proxy: &str) -> Self {
+        ProxyDirs {
+            root: state_dir.join("proxies").join(proxy),
+        }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn generation(&self, spec_hash: &str) -> PathBuf {
+        self.root.join("generations").join(spec_hash)
+    }
+
+    pub fn generations(&self) -> PathBuf {
+        self.root.join("generations")
+    }
+
+    pub fn xds(&self) -> PathBuf {
+        self.root.join("xds")
+    }
+
+    pub fn run(&self, container_name: &str) -> PathBuf {
+        self.root.join("run").join(container_name)
+    }
+
+    pub fn admin_socket(&self, container_name: &str) -> PathBuf {
+        self.run(container_name).join(ADMIN_SOCKET_FILE)
+    }
+}
+
+/// The default state directory.
+pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth";

@@ -1,0 +1,14 @@
+//! berth runs Envoy proxy fleets as Docker containers on hosts without Kubernetes.
+//!
+//! Data flows one way, each stage a module:
+//! [`source`] (TOML, EG IR) → [`ir`] → [`render`] (bootstrap and xDS files) → [`spec`]
+//! (what each replica container must be) → [`plan`] (pure: desired vs observed → actions).
+//! [`cli`] is the thin front.
+
+pub mod cli;
+pub mod ir;
+pub mod layout;
+pub mod plan;
+pub mod render;
+pub mod source;
+pub mod spec;
