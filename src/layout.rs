@@ -3,7 +3,7 @@
 //! ```text
 //! <state_dir>/                                   0700
 //!   proxies/<proxy>/
-//!     generations/<spec-hash>/bootstrap.yaml     one per spec generation, never rewritten
+//!     generations/<bootstrap-sha>/bootstrap.yaml  one per bootstrap content, never rewritten
 //!     xds/{lds,cds}.yaml                         watched by Envoy, mounted read-only
 //!     run/<container-name>/admin.sock            each replica's admin socket directory
 //! ```
@@ -45,8 +45,10 @@ impl ProxyDirs {
         &self.root
     }
 
-    pub fn generation(&self, spec_hash: &str) -> PathBuf {
-        self.root.join("generations").join(spec_hash)
+    /// The directory of one bootstrap generation, named by the bootstrap's content hash, so
+    /// that a rollout never rewrites the file an old replica runs with.
+    pub fn generation(&self, bootstrap_sha: &str) -> PathBuf {
+        self.root.join("generations").join(bootstrap_sha)
     }
 
     pub fn generations(&self) -> PathBuf {

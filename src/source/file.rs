@@ -1,1 +1,1 @@
-//! TODO
+//! berth.toml → IR. TODO

@@ -1,1 +1,3 @@
+//! Sources turn input into IR values and know nothing of Docker.
+
 pub mod file;
