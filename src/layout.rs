@@ -4,7 +4,7 @@
 //! <state_dir>/                                   0700
 //!   proxies/<proxy>/
 //!     generations/<bootstrap-sha>/bootstrap.yaml  one per bootstrap content, never rewritten
-//!     xds/{lds,cds}.yaml                         watched by Envoy, mounted read-only
+//!     xds/{lds,rds,cds}.yaml                     watched by Envoy, mounted read-only
 //!     run/<container-name>/admin.sock            each replica's admin socket directory
 //! ```
 
@@ -26,6 +26,8 @@ pub const CONTAINER_TLS_DIR: &str = "/etc/berth/tls";
 pub const BOOTSTRAP_FILE: &str = "bootstrap.yaml";
 pub const LDS_FILE: &str = "lds.yaml";
 pub const CDS_FILE: &str = "cds.yaml";
+/// Routes live in their own file (RDS) so a route change never drains a listener.
+pub const RDS_FILE: &str = "rds.yaml";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
 
 /// Host-side paths for one proxy under a state directory.
@@ -70,3 +72,9 @@ impl ProxyDirs {
 
 /// The default state directory.
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
+
+/// Inside a replica: where a TLS file is mounted. `owner` is a listener name, or "xds" for
+/// the xDS client certificates; `file` is "cert.pem", "key.pem" or "ca.pem".
+pub fn container_tls_file(owner: &str, file: &str) -> String {
+    format!("{CONTAINER_TLS_DIR}/{owner}/{file}")
+}
