@@ -9,6 +9,8 @@ pub mod cli;
 pub mod ir;
 pub mod layout;
 pub mod plan;
+pub mod preflight;
 pub mod render;
 pub mod source;
 pub mod spec;
+pub mod state;

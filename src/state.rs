@@ -1,0 +1,243 @@
+//! berth's state directory: the rendered files per proxy and per bootstrap generation, written
+//! atomically (temp file, fsync, rename) so a crash at any point leaves whole files behind.
+//!
+//! Layout: see [`crate::layout`]. The root is 0700; files replicas read are 0644 and directories
+//! 0755 below it (bind mounts do not need the parents to be traversable by the container user).
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+
+use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
+
+/// The uid and gid Envoy runs as inside the replicas (the official image's `envoy` user).
+pub const REPLICA_UID: u32 = 101;
+
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    /// Opens the state directory, creating it (mode 0700) when missing.
+    pub fn open(root: &Path) -> Result<StateDir> {
+        create_dir(root, 0o700)
+            .with_context(|| format!("cannot create state directory {}", root.display()))?;
+        fs::set_permissions(root, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("cannot set mode 0700 on {}", root.display()))?;
+        Ok(StateDir {
+            root: root.to_path_buf(),
+        })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn proxy(&self, name: &str) -> ProxyDirs {
+        ProxyDirs::new(&self.root, name)
+    }
+
+    /// Writes the bootstrap of one generation. Generations are content-addressed, so an
+    /// existing one with the same content is left alone.
+    pub fn write_generation(
+        &self,
+        proxy: &str,
+        bootstrap_sha: &str,
+        bootstrap: &str,
+    ) -> Result<()> {
+        let dir = self.proxy(proxy).generation(bootstrap_sha);
+        create_dir(&dir, 0o755)?;
+        let path = dir.join(BOOTSTRAP_FILE);
+        if fs::read_to_string(&path).ok().as_deref() != Some(bootstrap) {
+            write_atomic(&path, bootstrap.as_bytes(), 0o644)?;
+        }
+        Ok(())
+    }
+
+    /// Writes the watched xDS files of a proxy, each by an atomic rename into the directory
+    /// Envoy watches. Only files whose content differs are written; files that are no longer
+    /// rendered are removed. Returns the names of the files that changed.
+    pub fn write_xds(&self, proxy: &str, files: &BTreeMap<String, String>) -> Result<Vec<String>> {
+        let dir = self.proxy(proxy).xds();
+        create_dir(&dir, 0o755)?;
+        let mut changed = Vec::new();
+        for (name, content) in files {
+            let path = dir.join(name);
+            if fs::read(&path).ok().as_deref() != Some(content.as_bytes()) {
+                write_atomic(&path, content.as_bytes(), 0o644)?;
+                changed.push(name.clone());
+            }
+        }
+        for entry in fs::read_dir(&dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            if !files.contains_key(&name) && !name.starts_with('.') {
+                fs::remove_file(dir.join(&name))?;
+                changed.push(name);
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Reads the watched xDS files as they are on disk.
+    pub fn read_xds(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
+        let dir = self.proxy(proxy).xds();
+        let mut files = BTreeMap::new();
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Ok(files);
+        };
+        for entry in entries {
+            let entry = entry?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if !name.starts_with('.') && entry.file_type()?.is_file() {
+                files.insert(name, fs::read_to_string(entry.path())?);
+            }
+        }
+        Ok(files)
+    }
+
+    /// Reads one generation's bootstrap, if it is on disk.
+    pub fn read_generation(&self, proxy: &str, bootstrap_sha: &str) -> Option<String> {
+        fs::read_to_string(
+            self.proxy(proxy)
+                .generation(bootstrap_sha)
+                .join(BOOTSTRAP_FILE),
+        )
+        .ok()
+    }
+
+    /// Creates a replica's admin socket directory, owned by the replica user, mode 0700.
+    pub fn create_run_dir(&self, proxy: &str, container_name: &str) -> Result<PathBuf> {
+        let dir = self.proxy(proxy).run(container_name);
+        create_dir(&dir, 0o700)?;
+        std::os::unix::fs::chown(&dir, Some(REPLICA_UID), Some(REPLICA_UID))
+            .with_context(|| format!("cannot chown {} to uid {REPLICA_UID}", dir.display()))?;
+        Ok(dir)
+    }
+
+    /// Removes the run directories of containers that no longer exist.
+    pub fn prune_run_dirs(&self, proxy: &str, live_containers: &[&str]) -> Result<()> {
+        prune_children(&self.proxy(proxy).root().join("run"), live_containers)
+    }
+
+    /// Removes bootstrap generations not in `keep`.
+    pub fn prune_generations(&self, proxy: &str, keep: &[&str]) -> Result<()> {
+        prune_children(&self.proxy(proxy).generations(), keep)
+    }
+
+    /// Removes everything berth keeps for a proxy.
+    pub fn remove_proxy(&self, proxy: &str) -> Result<()> {
+        let root = self.proxy(proxy).root().to_path_buf();
+        match fs::remove_dir_all(&root) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                Err(e).with_context(|| format!("cannot remove {}", root.display()))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Names of the proxies that have state on disk.
+    pub fn proxies(&self) -> Result<Vec<String>> {
+        let dir = self.root.join("proxies");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Ok(Vec::new());
+        };
+        let mut names: Vec<String> = entries
+            .filter_map(|e| e.ok())
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+}
+
+fn prune_children(dir: &Path, keep: &[&str]) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !keep.contains(&name.as_str()) {
+            fs::remove_dir_all(entry.path())
+                .with_context(|| format!("cannot remove {}", entry.path().display()))?;
+        }
+    }
+    Ok(())
+}
+
+fn create_dir(dir: &Path, mode: u32) -> Result<()> {
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(mode)
+        .create(dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// Writes `content` to `path` so that readers see either the old or the new file, never a
+/// part: a temp file in the same directory, fsync, rename, fsync of the directory.
+pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<()> {
+    let dir = path
+        .parent()
+        .with_context(|| format!("{} has no parent directory", path.display()))?;
+    let file_name = path.file_name().unwrap_or_default().to_string_lossy();
+    let tmp = dir.join(format!(".{file_name}.tmp{}", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let mut file = fs::File::create(&tmp)?;
+        file.write_all(content)?;
+        file.set_permissions(fs::Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    };
+    write().map_err(|e| {
+        let _ = fs::remove_file(&tmp);
+        anyhow::Error::new(e).context(format!("cannot write {}", path.display()))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn xds_writes_only_changed_files_and_removes_stale_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = StateDir::open(tmp.path()).unwrap();
+        let mut files = BTreeMap::from([
+            ("lds.yaml".to_string(), "a".to_string()),
+            ("cds.yaml".to_string(), "b".to_string()),
+        ]);
+        assert_eq!(state.write_xds("p", &files).unwrap().len(), 2);
+        assert!(state.write_xds("p", &files).unwrap().is_empty());
+        files.insert("cds.yaml".into(), "c".into());
+        files.remove("lds.yaml");
+        let changed = state.write_xds("p", &files).unwrap();
+        assert_eq!(
+            changed,
+            vec!["cds.yaml".to_string(), "lds.yaml".to_string()]
+        );
+        assert_eq!(state.read_xds("p").unwrap(), files);
+        let mode = fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn generations_are_kept_apart_and_pruned() {
+        let tmp = tempfile::tempdir().unwrap();
+        let state = StateDir::open(tmp.path()).unwrap();
+        state.write_generation("p", "aaa", "one").unwrap();
+        state.write_generation("p", "bbb", "two").unwrap();
+        assert_eq!(state.read_generation("p", "aaa").as_deref(), Some("one"));
+        state.prune_generations("p", &["bbb"]).unwrap();
+        assert_eq!(state.read_generation("p", "aaa"), None);
+        assert_eq!(state.read_generation("p", "bbb").as_deref(), Some("two"));
+        assert_eq!(state.proxies().unwrap(), vec!["p".to_string()]);
+        state.remove_proxy("p").unwrap();
+        assert!(state.proxies().unwrap().is_empty());
+    }
+}
