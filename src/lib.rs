@@ -10,6 +10,7 @@ pub mod ir;
 pub mod layout;
 pub mod plan;
 pub mod preflight;
+pub mod progress;
 pub mod render;
 pub mod source;
 pub mod spec;

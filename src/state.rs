@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
+use crate::spec::DesiredProxy;
 
 /// The uid and gid Envoy runs as inside the replicas (the official image's `envoy` user).
 pub const REPLICA_UID: u32 = 101;
@@ -98,6 +99,43 @@ impl StateDir {
             }
         }
         Ok(files)
+    }
+
+    /// Records a desired proxy under its spec hash, so that a later run can roll back to it.
+    pub fn write_spec(&self, desired: &DesiredProxy) -> Result<()> {
+        let dir = self.proxy(&desired.spec.proxy).root().join("specs");
+        create_dir(&dir, 0o700)?;
+        let path = dir.join(format!("{}.json", desired.hash));
+        if !path.exists() {
+            write_atomic(&path, &serde_json::to_vec_pretty(desired)?, 0o600)?;
+        }
+        Ok(())
+    }
+
+    /// The desired proxy recorded under a spec hash, if any.
+    pub fn read_spec(&self, proxy: &str, hash: &str) -> Option<DesiredProxy> {
+        let path = self
+            .proxy(proxy)
+            .root()
+            .join("specs")
+            .join(format!("{hash}.json"));
+        serde_json::from_slice(&fs::read(path).ok()?).ok()
+    }
+
+    /// Removes recorded specs not in `keep`.
+    pub fn prune_specs(&self, proxy: &str, keep: &[&str]) -> Result<()> {
+        let dir = self.proxy(proxy).root().join("specs");
+        let Ok(entries) = fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        for entry in entries.filter_map(|e| e.ok()) {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let hash = name.trim_end_matches(".json");
+            if !keep.contains(&hash) {
+                fs::remove_file(entry.path())?;
+            }
+        }
+        Ok(())
     }
 
     /// Reads one generation's bootstrap, if it is on disk.
