@@ -1,6 +1,441 @@
-//! The command line: parse arguments, call the library, print.
+//! The command line: parse arguments, call the library, print. Exit codes: 0 success,
+//! 1 runtime failure, 2 bad input.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand, ValueEnum};
+
+use crate::desired::{self, Target};
+use crate::docker::Engine;
+use crate::layout::DEFAULT_STATE_DIR;
+use crate::plan;
+use crate::progress::{Mode, Reporter};
+use crate::render::Renderer;
+use crate::rollout::Rollout;
+use crate::source::file::{self, Config, ConfigErrors};
+use crate::spec::ObservedContainer;
+use crate::state::StateDir;
+use crate::{preflight, status};
+
+const ABOUT: &str = "Runs Envoy proxy fleets as Docker containers: N replicas behind one host \
+port, rolled one at a time, health-gated, without dropping a request.";
+
+const AFTER_HELP: &str = "Examples:
+  berth -f examples/quickstart.toml up       start or converge the fleet, wait until ready
+  berth status                                one row per replica
+  berth diff --output json                    what `up` would do, as JSON
+  berth render quickstart                     print the rendered Envoy files
+  berth down                                  drain and remove every replica
+
+Exit codes: 0 success, 1 runtime failure, 2 bad input (config or arguments).";
+
+#[derive(Debug, Parser)]
+#[command(name = "berth", version, about = ABOUT, after_help = AFTER_HELP)]
+pub struct Cli {
+    /// The config file.
+    #[arg(short = 'f', long = "file", global = true, default_value = "berth.toml", env = "BERTH_CONFIG")]
+    pub file: PathBuf,
+
+    /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
+    #[arg(long, global = true, env = "BERTH_STATE_DIR")]
+    pub state_dir: Option<PathBuf>,
+
+    /// A directory of templates overriding the built-in ones (same file names).
+    #[arg(long, global = true, env = "BERTH_TEMPLATES")]
+    pub templates: Option<PathBuf>,
+
+    /// Output format.
+    #[arg(short = 'o', long, global = true, value_enum, default_value_t = Output::Table)]
+    pub output: Output,
+
+    /// Print only errors.
+    #[arg(short = 'q', long, global = true)]
+    pub quiet: bool,
+
+    /// Extra label KEY=VALUE put on every container berth creates (the test suite uses it).
+    #[arg(long = "container-label", global = true, hide = true, value_parser = parse_label)]
+    pub container_labels: Vec<(String, String)>,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Table,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Converge every proxy in the config and wait until every replica is ready.
+    ///
+    /// Writes the rendered files into the state directory, pulls images, validates new
+    /// configs with `envoy --mode validate`, then creates, starts or replaces replicas one at a
+    /// time, each gated on /ready, and drains and removes what is no longer wanted.
+    Up {
+        /// Start even when the fleet's memory limits exceed the host's memory.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Drain and remove the replicas of every proxy (or of PROXY) and their state files.
+    ///
+    /// Only containers carrying berth's managed-by label are touched.
+    Down {
+        /// Only this proxy.
+        proxy: Option<String>,
+    },
+    /// Show one row per replica: state, readiness, image, spec, uptime, connections.
+    Status,
+    /// Show what `up` would do, without doing it.
+    Diff,
+    /// Print the rendered Envoy files (bootstrap and watched resources).
+    Render {
+        /// Only this proxy.
+        proxy: Option<String>,
+    },
+    /// Check the config; when Docker answers, also run `envoy --mode validate` on the
+    /// rendered files.
+    Validate {
+        /// Skip the Envoy check even when Docker answers.
+        #[arg(long)]
+        no_envoy: bool,
+    },
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("expected KEY=VALUE, got {s:?}"))?;
+    Ok((k.to_string(), v.to_string()))
+}
 
 /// Runs berth with the process arguments and returns the exit code.
 pub fn main() -> i32 {
-    0
+    let cli = Cli::parse();
+    init_tracing(cli.quiet);
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return 1;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => 0,
+        Err(e) => {
+            if let Some(errors) = e.downcast_ref::<ConfigErrors>() {
+                eprintln!("{errors}");
+                eprintln!(
+                    "error: {} problem(s) in the config; nothing was changed",
+                    errors.0.len()
+                );
+                2
+            } else {
+                eprintln!("error: {e:#}");
+                1
+            }
+        }
+    }
+}
+
+fn init_tracing(quiet: bool) {
+    let default = if quiet { "error" } else { "warn" };
+    let filter = tracing_subscriber::EnvFilter::try_from_env("BERTH_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs one command.
+pub async fn run(cli: Cli) -> Result<()> {
+    match &cli.command {
+        Command::Render { proxy } => render(&cli, proxy.as_deref()),
+        Command::Validate { no_envoy } => validate(&cli, *no_envoy).await,
+        Command::Diff => diff(&cli).await,
+        Command::Up { force } => up(&cli, *force).await,
+        Command::Down { proxy } => down(&cli, proxy.as_deref()).await,
+        Command::Status => show_status(&cli).await,
+    }
+}
+
+fn load(cli: &Cli) -> Result<Config> {
+    Ok(file::load(&cli.file)?)
+}
+
+fn renderer(cli: &Cli) -> Result<Renderer> {
+    match &cli.templates {
+        Some(dir) => Renderer::with_overrides(dir),
+        None => Ok(Renderer::builtin()),
+    }
+}
+
+fn state_dir(cli: &Cli, config: Option<&Config>) -> PathBuf {
+    cli.state_dir
+        .clone()
+        .or_else(|| config.and_then(|c| c.state_dir.clone()))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+}
+
+fn reporter(cli: &Cli) -> Reporter {
+    Reporter::new(match (cli.quiet, cli.output) {
+        (true, _) => Mode::Quiet,
+        (false, Output::Json) => Mode::Json,
+        (false, Output::Table) => Mode::Human,
+    })
+}
+
+fn selected<'a>(targets: &'a [Target], proxy: Option<&str>) -> Result<Vec<&'a Target>> {
+    match proxy {
+        None => Ok(targets.iter().collect()),
+        Some(name) => {
+            let found: Vec<&Target> = targets.iter().filter(|t| t.name() == name).collect();
+            if found.is_empty() {
+                let known: Vec<&str> = targets.iter().map(|t| t.name()).collect();
+                bail!("no proxy named {name:?} in the config; it has: {}", known.join(", "));
+            }
+            Ok(found)
+        }
+    }
+}
+
+fn render(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+    let config = load(cli)?;
+    let targets = desired::targets(
+        &config.infra,
+        &renderer(cli)?,
+        &state_dir(cli, Some(&config)),
+        desired::host_cpus(),
+    )?;
+    let targets = selected(&targets, proxy)?;
+    if cli.output == Output::Json {
+        let files: BTreeMap<&str, BTreeMap<String, &str>> = targets
+            .iter()
+            .map(|t| {
+                let mut files: BTreeMap<String, &str> = t
+                    .rendered
+                    .xds
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str()))
+                    .collect();
+                files.insert(crate::layout::BOOTSTRAP_FILE.into(), &t.rendered.bootstrap);
+                (t.name(), files)
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&files)?);
+        return Ok(());
+    }
+    for t in targets {
+        println!("# proxy {} — {}", t.name(), crate::layout::BOOTSTRAP_FILE);
+        println!("{}", t.rendered.bootstrap.trim_end());
+        for (name, content) in &t.rendered.xds {
+            println!("\n# proxy {} — {name}", t.name());
+            println!("{}", content.trim_end());
+        }
+        println!();
+    }
+    Ok(())
+}
+
+async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
+    let config = load(cli)?;
+    let targets = desired::targets(
+        &config.infra,
+        &renderer(cli)?,
+        &state_dir(cli, Some(&config)),
+        desired::host_cpus(),
+    )?;
+    let reporter = reporter(cli);
+    if no_envoy {
+        println!("{}: config is valid ({} proxies)", cli.file.display(), targets.len());
+        return Ok(());
+    }
+    let engine = match Engine::connect().await {
+        Ok(engine) => engine,
+        Err(e) => {
+            println!(
+                "{}: config is valid ({} proxies); Envoy check skipped: {e:#}",
+                cli.file.display(),
+                targets.len()
+            );
+            return Ok(());
+        }
+    };
+    let scratch = tempfile::Builder::new().prefix("berth-validate-").tempdir()?;
+    let state = StateDir::open(scratch.path())?;
+    let rollout = Rollout {
+        engine: &engine,
+        state: &state,
+        reporter: &reporter,
+        extra_labels: container_labels(cli),
+    };
+    for target in &targets {
+        engine.ensure_image(&target.desired.spec.image, reporter.shows_progress()).await?;
+        rollout.validate_target(target).await?;
+    }
+    println!(
+        "{}: config is valid and Envoy accepts it ({} proxies)",
+        cli.file.display(),
+        targets.len()
+    );
+    Ok(())
+}
+
+fn container_labels(cli: &Cli) -> BTreeMap<String, String> {
+    cli.container_labels.iter().cloned().collect()
+}
+
+/// The containers this berth (this state directory) is responsible for: those of proxies in
+/// the config or with state on disk. Other berth containers on the host are left alone.
+fn owned(observed: Vec<ObservedContainer>, config_proxies: &BTreeSet<String>, state: &StateDir) -> Result<Vec<ObservedContainer>> {
+    let mut known = config_proxies.clone();
+    known.extend(state.proxies()?);
+    Ok(observed
+        .into_iter()
+        .filter(|c| c.proxy().is_some_and(|p| known.contains(p)))
+        .collect())
+}
+
+async fn diff(cli: &Cli) -> Result<()> {
+    let config = load(cli)?;
+    let state_path = state_dir(cli, Some(&config));
+    let targets = desired::targets(&config.infra, &renderer(cli)?, &state_path, desired::host_cpus())?;
+    let engine = Engine::connect().await?;
+    let state = StateDir::at(&state_path);
+    let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
+    let observed = owned(engine.observe().await?, &names, &state)?;
+    let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
+    let plan = plan::plan(&desired, &observed);
+    if cli.output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "summary": plan.summary(),
+                "actions": plan.actions,
+            }))?
+        );
+        return Ok(());
+    }
+    if plan.is_empty() {
+        println!("No changes. {} proxies are up to date.", targets.len());
+        return Ok(());
+    }
+    println!("berth will perform these actions:\n");
+    for action in &plan.actions {
+        println!("  {action}");
+    }
+    let s = plan.summary();
+    println!(
+        "\nPlan: {} to create, {} to start, {} to replace, {} to remove.",
+        s.create, s.start, s.replace, s.remove
+    );
+    Ok(())
+}
+
+async fn up(cli: &Cli, force: bool) -> Result<()> {
+    let config = load(cli)?;
+    let state_path = state_dir(cli, Some(&config));
+    let targets = desired::targets(&config.infra, &renderer(cli)?, &state_path, desired::host_cpus())?;
+    preflight::check_memory(&config.infra, force)?;
+    let engine = Engine::connect().await?;
+    let state = StateDir::open(&state_path)?;
+    let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
+    let observed = owned(engine.observe().await?, &names, &state)?;
+    let replica_pids = engine.replica_pids(&observed).await?;
+    preflight::check_ports(&config.infra, &replica_pids)?;
+    let reporter = reporter(cli);
+    let rollout = Rollout {
+        engine: &engine,
+        state: &state,
+        reporter: &reporter,
+        extra_labels: container_labels(cli),
+    };
+    rollout.converge(&targets, &observed).await?;
+    drop(reporter);
+    if cli.output == Output::Table && !cli.quiet {
+        let rows = status::collect(&state, &owned(engine.observe().await?, &names, &state)?).await;
+        println!("{}", status::table(&rows));
+    }
+    Ok(())
+}
+
+async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+    let config = match file::load(&cli.file) {
+        Ok(c) => Some(c),
+        Err(e) if !cli.file.exists() => {
+            tracing::debug!("no config: {e}");
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let state_path = state_dir(cli, config.as_ref());
+    let state = StateDir::at(&state_path);
+    let engine = Engine::connect().await?;
+    let names: BTreeSet<String> = config
+        .iter()
+        .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
+        .collect();
+    let observed = owned(engine.observe().await?, &names, &state)?;
+    let mut proxies: BTreeSet<String> = names.clone();
+    proxies.extend(state.proxies()?);
+    proxies.extend(observed.iter().filter_map(|c| c.proxy().map(str::to_string)));
+    if let Some(p) = proxy {
+        if !proxies.contains(p) {
+            bail!("no proxy named {p:?} is known here (config {}, state {})", cli.file.display(), state_path.display());
+        }
+        proxies = BTreeSet::from([p.to_string()]);
+    }
+    let reporter = reporter(cli);
+    let rollout = Rollout {
+        engine: &engine,
+        state: &state,
+        reporter: &reporter,
+        extra_labels: container_labels(cli),
+    };
+    let mut removed = 0;
+    for name in &proxies {
+        let ir = config.as_ref().and_then(|c| c.infra.proxy(name));
+        let shutdown = ir.map(|p| p.config.shutdown.clone()).unwrap_or_default();
+        let policy = ir.map(|p| p.rollout.clone()).unwrap_or_default();
+        for c in observed.iter().filter(|c| c.proxy() == Some(name.as_str())) {
+            rollout
+                .retire(name, &plan::ContainerRef { id: c.id.clone(), name: c.name.clone() }, &observed, &shutdown, &policy)
+                .await
+                .with_context(|| format!("removing {}", c.name))?;
+            removed += 1;
+        }
+        if state_path.exists() {
+            state.remove_proxy(name)?;
+        }
+    }
+    drop(reporter);
+    if !cli.quiet && cli.output == Output::Table {
+        println!("removed {removed} replica(s) of {} proxy(ies)", proxies.len());
+    }
+    Ok(())
+}
+
+async fn show_status(cli: &Cli) -> Result<()> {
+    let config = file::load(&cli.file).ok();
+    let state_path = state_dir(cli, config.as_ref());
+    let state = StateDir::at(&state_path);
+    let engine = Engine::connect().await?;
+    let names: BTreeSet<String> = config
+        .iter()
+        .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
+        .collect();
+    let observed = owned(engine.observe().await?, &names, &state)?;
+    let rows = status::collect(&state, &observed).await;
+    if cli.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    } else if rows.is_empty() {
+        println!("no replicas (config {}, state {})", cli.file.display(), state_path.display());
+    } else {
+        println!("{}", status::table(&rows));
+    }
+    Ok(())
 }

@@ -35,6 +35,13 @@ impl StateDir {
         })
     }
 
+    /// The state directory at `root`, without creating it (for reading).
+    pub fn at(root: &Path) -> StateDir {
+        StateDir {
+            root: root.to_path_buf(),
+        }
+    }
+
     pub fn root(&self) -> &Path {
         &self.root
     }

@@ -1,0 +1,54 @@
+//! From a config to what each proxy should be: render its files and derive its container spec.
+
+use std::path::Path;
+
+use anyhow::{Context, Result};
+
+use crate::ir::{Infra, ProxyInfra};
+use crate::render::{Rendered, Renderer};
+use crate::spec::{self, DesiredProxy};
+
+/// One proxy as it should be, with the files its replicas read.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub proxy: ProxyInfra,
+    pub desired: DesiredProxy,
+    pub rendered: Rendered,
+}
+
+impl Target {
+    pub fn name(&self) -> &str {
+        &self.proxy.name
+    }
+}
+
+/// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates.
+pub fn targets(
+    infra: &Infra,
+    renderer: &Renderer,
+    state_dir: &Path,
+    host_cpus: u32,
+) -> Result<Vec<Target>> {
+    infra
+        .proxies
+        .iter()
+        .map(|proxy| {
+            let rendered = renderer
+                .render(proxy)
+                .with_context(|| format!("rendering proxy {}", proxy.name))?;
+            let desired = spec::desired_proxy(proxy, &rendered.bootstrap, state_dir, host_cpus);
+            Ok(Target {
+                proxy: proxy.clone(),
+                desired,
+                rendered,
+            })
+        })
+        .collect()
+}
+
+/// The number of CPUs the host offers, for the default Envoy concurrency.
+pub fn host_cpus() -> u32 {
+    std::thread::available_parallelism()
+        .map(|n| n.get() as u32)
+        .unwrap_or(1)
+}

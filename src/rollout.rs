@@ -1,0 +1,636 @@
+//! Executes a plan against the engine: one replica at a time, start-first, health-gated, with
+//! rollback (DESIGN decisions 5 and 6).
+//!
+//! Before anything is touched the new image is made present and the new bootstrap and resources
+//! are validated by `envoy --mode validate` in a throw-away container of that image. Then each
+//! slot gets its new replica, which must report `/ready` LIVE within the startup deadline and
+//! stay so for the minimum ready time, before the old one is retired without losing a request.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::admin::{Admin, ReadyState};
+use crate::desired::Target;
+use crate::docker::Engine;
+use crate::ir::{OnFailure, RolloutPolicy, Shutdown};
+use crate::plan::{self, Action, ContainerRef, RemoveReason};
+use crate::progress::{Event, Reporter};
+use crate::render;
+use crate::spec::{self, DesiredProxy, ObservedContainer, ReplicaContainer, RunState, LABEL_NAME};
+use crate::state::StateDir;
+
+/// How often readiness and connection counts are polled.
+const POLL: Duration = Duration::from_millis(100);
+/// Time Envoy gets to exit after SIGTERM once it has drained.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Lines of a failed replica's log shown in the error.
+const LOG_LINES: usize = 20;
+
+/// Which gate a new replica failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Gate {
+    /// The container would not start.
+    Start,
+    /// Not ready within the startup deadline.
+    Ready,
+    /// The container exited while starting or during the minimum ready time.
+    Exited,
+    /// Ready, but not for the whole minimum ready time.
+    MinReady,
+}
+
+impl fmt::Display for Gate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Gate::Start => "start",
+            Gate::Ready => "ready within the startup deadline",
+            Gate::Exited => "stay running",
+            Gate::MinReady => "stay ready for the minimum ready time",
+        })
+    }
+}
+
+/// A rollout stopped at a failed gate. The old replicas keep serving.
+#[derive(Debug)]
+pub struct GateFailure {
+    pub proxy: String,
+    pub slot: u32,
+    pub container: String,
+    pub gate: Gate,
+    pub reason: String,
+    pub log_tail: String,
+    /// What happened to the slots already replaced.
+    pub aftermath: String,
+}
+
+impl fmt::Display for GateFailure {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "rollout of {} failed: replica {}/{} ({}) did not {}: {}",
+            self.proxy, self.proxy, self.slot, self.container, self.gate, self.reason
+        )?;
+        writeln!(f, "{}", self.aftermath)?;
+        write!(f, "last {LOG_LINES} lines of its log:\n{}", self.log_tail)
+    }
+}
+
+impl std::error::Error for GateFailure {}
+
+/// Executes plans for a set of targets.
+pub struct Rollout<'a> {
+    pub engine: &'a Engine,
+    pub state: &'a StateDir,
+    pub reporter: &'a Reporter,
+    /// Labels added to every container berth creates (the test suite's `io.berth.test`).
+    pub extra_labels: BTreeMap<String, String>,
+}
+
+impl Rollout<'_> {
+    /// Brings every target to its desired state and removes berth containers of proxies not
+    /// among them. Proxies are converged one after the other; the first failure stops.
+    pub async fn converge(&self, targets: &[Target], observed: &[ObservedContainer]) -> Result<()> {
+        let desired: Vec<DesiredProxy> = targets.iter().map(|t| t.desired.clone()).collect();
+        let plan = plan::plan(&desired, observed);
+        for target in targets {
+            let actions: Vec<&Action> = plan.for_proxy(target.name()).collect();
+            self.converge_proxy(target, &actions, observed).await?;
+        }
+        let strays: Vec<&Action> = plan
+            .actions
+            .iter()
+            .filter(|a| !targets.iter().any(|t| t.name() == a.proxy()))
+            .collect();
+        for action in strays {
+            if let Action::Remove { proxy, container, .. } = action {
+                self.retire(proxy, container, observed, &Shutdown::default(), &RolloutPolicy::default())
+                    .await?;
+            }
+        }
+        for gone in self.state.proxies()? {
+            if !targets.iter().any(|t| t.name() == gone)
+                && !observed.iter().any(|c| c.proxy() == Some(gone.as_str()))
+            {
+                self.state.remove_proxy(&gone)?;
+            }
+        }
+        Ok(())
+    }
+
+    async fn converge_proxy(
+        &self,
+        target: &Target,
+        actions: &[&Action],
+        observed: &[ObservedContainer],
+    ) -> Result<()> {
+        let name = target.name();
+        let desired = &target.desired;
+        let needs_new = actions
+            .iter()
+            .any(|a| matches!(a, Action::Create { .. } | Action::Replace { .. }));
+        let tampered = self.tampered_bootstrap(desired, observed);
+        let image_id = if needs_new || !tampered.is_empty() {
+            self.reporter.waiting(format!("{name}: image {}", desired.spec.image));
+            let id = self
+                .engine
+                .ensure_image(&desired.spec.image, self.reporter.shows_progress())
+                .await?;
+            if !self.spec_is_proven(desired, observed) {
+                self.validate_target(target).await?;
+            }
+            id
+        } else {
+            String::new()
+        };
+        self.write_files(target)?;
+
+        let policy = &target.proxy.rollout;
+        let shutdown = &target.proxy.config.shutdown;
+        let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
+        for action in actions {
+            match action {
+                Action::Create { slot, .. } => {
+                    self.start_replica(desired, *slot, &image_id, policy, None)
+                        .await
+                        .map_err(|f| anyhow::Error::new(f))?;
+                }
+                Action::Start { slot, container, .. } => {
+                    self.engine.start(&container.id).await?;
+                    let run_name = run_dir_name(container, observed);
+                    self.gate(name, *slot, &container.id, &run_name, policy)
+                        .await
+                        .map_err(anyhow::Error::new)?;
+                    self.reporter
+                        .event(Event::new(name, "started").slot(*slot).container(&container.name));
+                }
+                Action::Replace { slot, old, reason, .. } => {
+                    self.reporter.event(
+                        Event::new(name, "replacing")
+                            .slot(*slot)
+                            .container(&old.name)
+                            .message(reason.to_string()),
+                    );
+                    let old_hash = observed
+                        .iter()
+                        .find(|c| c.id == old.id)
+                        .and_then(|c| c.spec_hash())
+                        .unwrap_or_default()
+                        .to_string();
+                    match self
+                        .start_replica(desired, *slot, &image_id, policy, Some(&old.name))
+                        .await
+                    {
+                        Ok(new_name) => {
+                            self.retire(name, old, observed, shutdown, policy).await?;
+                            replaced.push((*slot, new_name, old_hash));
+                        }
+                        Err(mut failure) => {
+                            failure.aftermath = self.after_failure(target, &replaced, observed).await;
+                            return Err(anyhow::Error::new(failure));
+                        }
+                    }
+                }
+                Action::Remove { container, reason, slot, .. } => {
+                    self.reporter.event(
+                        Event::new(name, "removing")
+                            .container(&container.name)
+                            .message(remove_reason(reason)),
+                    );
+                    let _ = slot;
+                    self.retire(name, container, observed, shutdown, policy).await?;
+                }
+            }
+        }
+        for slot_container in tampered {
+            // The bootstrap on disk was changed by hand: it has been rewritten; replicas that
+            // could restart with the tampered file are replaced by fresh ones.
+            let Some(old) = observed.iter().find(|c| c.id == slot_container) else {
+                continue;
+            };
+            let slot = old.slot().unwrap_or_default();
+            let old_ref = ContainerRef {
+                id: old.id.clone(),
+                name: old.name.clone(),
+            };
+            if actions.iter().any(|a| a.slot() == Some(slot)) {
+                continue;
+            }
+            self.reporter.event(
+                Event::new(name, "replacing")
+                    .slot(slot)
+                    .container(&old.name)
+                    .message("its bootstrap file was changed on disk"),
+            );
+            self.start_replica(desired, slot, &image_id, policy, Some(&old.name))
+                .await
+                .map_err(anyhow::Error::new)?;
+            self.retire(name, &old_ref, observed, shutdown, policy).await?;
+        }
+        self.prune(target).await?;
+        Ok(())
+    }
+
+    /// A spec is proven when a replica already runs it: no need to validate it again.
+    fn spec_is_proven(&self, desired: &DesiredProxy, observed: &[ObservedContainer]) -> bool {
+        observed.iter().any(|c| {
+            c.is_managed()
+                && c.proxy() == Some(desired.spec.proxy.as_str())
+                && c.spec_hash() == Some(desired.hash.as_str())
+                && c.state == RunState::Running
+        })
+    }
+
+    /// Running replicas of the current spec whose bootstrap file differs on disk.
+    fn tampered_bootstrap(&self, desired: &DesiredProxy, observed: &[ObservedContainer]) -> Vec<String> {
+        let proxy = &desired.spec.proxy;
+        let on_disk = self.state.read_generation(proxy, &desired.spec.bootstrap_sha256);
+        let intact = on_disk
+            .map(|text| spec::sha256_hex(text.as_bytes()) == desired.spec.bootstrap_sha256)
+            .unwrap_or(false);
+        if intact {
+            return Vec::new();
+        }
+        observed
+            .iter()
+            .filter(|c| {
+                c.is_managed()
+                    && c.proxy() == Some(proxy.as_str())
+                    && c.spec_hash() == Some(desired.hash.as_str())
+            })
+            .map(|c| c.id.clone())
+            .collect()
+    }
+
+    /// Runs `envoy --mode validate` on the target's bootstrap and resources in a throw-away
+    /// container of its image.
+    pub async fn validate_target(&self, target: &Target) -> Result<()> {
+        let name = target.name();
+        self.reporter.waiting(format!("{name}: envoy --mode validate"));
+        let dir = tempfile::Builder::new()
+            .prefix("berth-validate-")
+            .tempdir_in(self.state.root())
+            .context("cannot create a validation directory")?;
+        let bootstrap = render::validation_bootstrap(&target.rendered)?;
+        let path = dir.path().join(crate::layout::BOOTSTRAP_FILE);
+        crate::state::write_atomic(&path, bootstrap.as_bytes(), 0o644)?;
+        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        let mut mounts: Vec<spec::Mount> = target
+            .desired
+            .spec
+            .mounts
+            .iter()
+            .filter(|m| m.target != crate::layout::CONTAINER_BOOTSTRAP_DIR)
+            .cloned()
+            .collect();
+        mounts.push(spec::Mount {
+            source: dir.path().to_path_buf(),
+            target: crate::layout::CONTAINER_BOOTSTRAP_DIR.to_string(),
+            read_only: true,
+        });
+        self.engine
+            .validate(
+                &target.desired.spec.image,
+                &mounts,
+                crate::layout::CONTAINER_BOOTSTRAP,
+                &self.extra_labels,
+            )
+            .await
+            .with_context(|| {
+                format!(
+                    "envoy --mode validate rejected the new config of proxy {name} (image {}); no replica was changed",
+                    target.desired.spec.image
+                )
+            })?;
+        self.reporter.event(Event::new(name, "validated").message(&target.desired.spec.image));
+        Ok(())
+    }
+
+    fn write_files(&self, target: &Target) -> Result<()> {
+        let name = target.name();
+        self.state.write_spec(&target.desired)?;
+        self.state.write_generation(
+            name,
+            &target.desired.spec.bootstrap_sha256,
+            &target.rendered.bootstrap,
+        )?;
+        let changed = self.state.write_xds(name, &target.rendered.xds)?;
+        if !changed.is_empty() {
+            self.reporter
+                .event(Event::new(name, "files").message(format!("wrote {}", changed.join(", "))));
+        }
+        Ok(())
+    }
+
+    /// Creates the replica for `slot` and waits for its gates. On failure the new container
+    /// is removed and the failure carries its log.
+    async fn start_replica(
+        &self,
+        desired: &DesiredProxy,
+        slot: u32,
+        image_id: &str,
+        policy: &RolloutPolicy,
+        replacing: Option<&str>,
+    ) -> Result<String, GateFailure> {
+        let proxy = &desired.spec.proxy;
+        let mut name = spec::replica_name(proxy, slot, &desired.hash);
+        if replacing == Some(name.as_str()) {
+            name = format!("{name}-{}", unique_suffix());
+        }
+        let failure = |gate: Gate, reason: String| GateFailure {
+            proxy: proxy.clone(),
+            slot,
+            container: name.clone(),
+            gate,
+            reason,
+            log_tail: String::new(),
+            aftermath: String::new(),
+        };
+        if let Err(e) = self.state.create_run_dir(proxy, &name) {
+            return Err(failure(Gate::Start, format!("{e:#}")));
+        }
+        let replica = ReplicaContainer::new(desired, slot, &name, image_id, self.state.root());
+        self.reporter.waiting(format!("{proxy}/{slot}: starting {name}"));
+        let started = Instant::now();
+        let id = match self.engine.create_replica(&replica, &self.extra_labels).await {
+            Ok(id) => id,
+            Err(e) => return Err(failure(Gate::Start, format!("{e:#}"))),
+        };
+        if let Err(e) = self.engine.start(&id).await {
+            let mut f = failure(Gate::Start, format!("{e:#}"));
+            f.log_tail = self.engine.logs_tail(&id, LOG_LINES).await.unwrap_or_default();
+            let _ = self.engine.remove(&id).await;
+            return Err(f);
+        }
+        self.reporter
+            .event(Event::new(proxy, "created").slot(slot).container(&name));
+        if let Err(mut f) = self.gate(proxy, slot, &id, &name, policy).await {
+            f.log_tail = self.engine.logs_tail(&id, LOG_LINES).await.unwrap_or_default();
+            let _ = self.engine.remove(&id).await;
+            let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(&name));
+            self.reporter.event(
+                Event::new(proxy, "failed")
+                    .slot(slot)
+                    .container(&name)
+                    .message(format!("did not {}: {}", f.gate, f.reason)),
+            );
+            return Err(f);
+        }
+        self.reporter.event(
+            Event::new(proxy, "ready")
+                .slot(slot)
+                .container(&name)
+                .message(format!("in {:.1}s", started.elapsed().as_secs_f64())),
+        );
+        Ok(name)
+    }
+
+    /// Waits until the replica reports LIVE within the startup deadline, then requires it to
+    /// stay LIVE and running for the minimum ready time.
+    async fn gate(
+        &self,
+        proxy: &str,
+        slot: u32,
+        id: &str,
+        run_name: &str,
+        policy: &RolloutPolicy,
+    ) -> Result<(), GateFailure> {
+        let admin = Admin::new(self.state.proxy(proxy).admin_socket(run_name));
+        let failure = |gate: Gate, reason: String| GateFailure {
+            proxy: proxy.to_string(),
+            slot,
+            container: run_name.to_string(),
+            gate,
+            reason,
+            log_tail: String::new(),
+            aftermath: String::new(),
+        };
+        let deadline = Instant::now() + policy.startup_deadline;
+        let mut last = String::from("admin socket not up yet");
+        loop {
+            match self.engine.state(id).await {
+                Ok(Some(RunState::Running)) => {}
+                Ok(state) => {
+                    return Err(failure(Gate::Exited, format!("container is {state:?}")));
+                }
+                Err(e) => return Err(failure(Gate::Exited, format!("{e:#}"))),
+            }
+            match admin.ready().await {
+                Ok(ReadyState::Live) => break,
+                Ok(other) => last = format!("/ready says {other:?}"),
+                Err(e) => last = format!("{e:#}"),
+            }
+            if Instant::now() >= deadline {
+                return Err(failure(
+                    Gate::Ready,
+                    format!(
+                        "not LIVE after {} ({last})",
+                        humantime::format_duration(policy.startup_deadline)
+                    ),
+                ));
+            }
+            tokio::time::sleep(POLL).await;
+        }
+        let ready_until = Instant::now() + policy.min_ready;
+        while Instant::now() < ready_until {
+            tokio::time::sleep(POLL.min(policy.min_ready)).await;
+            match self.engine.state(id).await {
+                Ok(Some(RunState::Running)) => {}
+                Ok(state) => {
+                    return Err(failure(Gate::Exited, format!("container is {state:?}")));
+                }
+                Err(e) => return Err(failure(Gate::Exited, format!("{e:#}"))),
+            }
+            match admin.ready().await {
+                Ok(ReadyState::Live) => {}
+                Ok(other) => {
+                    return Err(failure(Gate::MinReady, format!("/ready says {other:?}")));
+                }
+                Err(e) => return Err(failure(Gate::MinReady, format!("{e:#}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// Retires a replica without losing a request: fail health checks, start a graceful drain,
+    /// close the listen sockets (the kernel sends new connections to the siblings, and with
+    /// `tcp_migrate_req` moves queued ones), wait for open connections to finish, then stop
+    /// and remove.
+    pub async fn retire(
+        &self,
+        proxy: &str,
+        container: &ContainerRef,
+        observed: &[ObservedContainer],
+        shutdown: &Shutdown,
+        policy: &RolloutPolicy,
+    ) -> Result<()> {
+        let run_name = run_dir_name(container, observed);
+        let running = matches!(self.engine.state(&container.id).await?, Some(RunState::Running));
+        if running {
+            let admin = Admin::new(self.state.proxy(proxy).admin_socket(&run_name));
+            self.reporter
+                .event(Event::new(proxy, "draining").container(&container.name));
+            if drain(&admin, shutdown, policy, self.reporter, proxy, &container.name)
+                .await
+                .is_err()
+            {
+                self.reporter.event(
+                    Event::new(proxy, "drain-skipped")
+                        .container(&container.name)
+                        .message("admin socket did not answer; stopping directly"),
+                );
+            }
+            self.engine.stop(&container.id, STOP_TIMEOUT).await?;
+        }
+        self.engine.remove(&container.id).await?;
+        let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(&run_name));
+        self.reporter
+            .event(Event::new(proxy, "removed").container(&container.name));
+        Ok(())
+    }
+
+    /// After a failed gate: roll the already replaced slots back to their previous spec
+    /// (policy `rollback`), or leave them (policy `pause`). Returns what was done.
+    async fn after_failure(
+        &self,
+        target: &Target,
+        replaced: &[(u32, String, String)],
+        observed: &[ObservedContainer],
+    ) -> String {
+        let name = target.name();
+        if replaced.is_empty() {
+            return "no replica had been replaced; the old replicas keep serving".to_string();
+        }
+        if target.proxy.rollout.on_failure == OnFailure::Pause {
+            return format!(
+                "rollout paused: {} replica(s) already run the new spec, the others the old one",
+                replaced.len()
+            );
+        }
+        let mut notes = Vec::new();
+        for (slot, new_name, old_hash) in replaced.iter().rev() {
+            let Some(previous) = self.state.read_spec(name, old_hash) else {
+                notes.push(format!("slot {slot}: previous spec {old_hash} is not recorded; left on the new spec"));
+                continue;
+            };
+            let image_id = match self.engine.ensure_image(&previous.spec.image, false).await {
+                Ok(id) => id,
+                Err(e) => {
+                    notes.push(format!("slot {slot}: {e:#}"));
+                    continue;
+                }
+            };
+            // Never roll back a rollback: a failure here is reported, not retried.
+            match self
+                .start_replica(&previous, *slot, &image_id, &target.proxy.rollout, Some(new_name))
+                .await
+            {
+                Ok(_) => {
+                    let current = self.engine.observe().await.unwrap_or_default();
+                    if let Some(c) = current.iter().find(|c| c.name == *new_name) {
+                        let r = ContainerRef {
+                            id: c.id.clone(),
+                            name: c.name.clone(),
+                        };
+                        let _ = self
+                            .retire(name, &r, observed, &target.proxy.config.shutdown, &target.proxy.rollout)
+                            .await;
+                    }
+                    self.reporter
+                        .event(Event::new(name, "rolled-back").slot(*slot).message(old_hash.clone()));
+                    notes.push(format!("slot {slot}: rolled back to spec {}", spec::short_hash(old_hash)));
+                }
+                Err(f) => notes.push(format!("slot {slot}: rollback failed too ({}); left as is", f.reason)),
+            }
+        }
+        format!("rolled back the replaced replicas: {}", notes.join("; "))
+    }
+
+    /// Removes files nothing uses any more: old generations, specs and run directories.
+    async fn prune(&self, target: &Target) -> Result<()> {
+        let name = target.name();
+        let current = self.engine.observe().await?;
+        let mine: Vec<&ObservedContainer> = current.iter().filter(|c| c.proxy() == Some(name)).collect();
+        let hashes: BTreeSet<String> = mine
+            .iter()
+            .filter_map(|c| c.spec_hash().map(str::to_string))
+            .chain([target.desired.hash.clone()])
+            .collect();
+        let bootstraps: BTreeSet<String> = hashes
+            .iter()
+            .filter_map(|h| self.state.read_spec(name, h))
+            .map(|d| d.spec.bootstrap_sha256)
+            .collect();
+        let keep_hashes: Vec<&str> = hashes.iter().map(String::as_str).collect();
+        let keep_bootstraps: Vec<&str> = bootstraps.iter().map(String::as_str).collect();
+        let runs: Vec<String> = mine
+            .iter()
+            .map(|c| c.label(LABEL_NAME).unwrap_or(&c.name).to_string())
+            .collect();
+        let keep_runs: Vec<&str> = runs.iter().map(String::as_str).collect();
+        self.state.prune_specs(name, &keep_hashes)?;
+        self.state.prune_generations(name, &keep_bootstraps)?;
+        self.state.prune_run_dirs(name, &keep_runs)?;
+        Ok(())
+    }
+}
+
+async fn drain(
+    admin: &Admin,
+    shutdown: &Shutdown,
+    policy: &RolloutPolicy,
+    reporter: &Reporter,
+    proxy: &str,
+    container: &str,
+) -> Result<()> {
+    let started = Instant::now();
+    admin.healthcheck_fail().await?;
+    admin.drain_listeners(true).await?;
+    admin.drain_listeners(false).await?;
+    let deadline = started + policy.drain_timeout;
+    let earliest = started + shutdown.min_drain_duration;
+    loop {
+        let open = admin.downstream_connections().await.unwrap_or(0);
+        let now = Instant::now();
+        if (open == 0 && now >= earliest) || now >= deadline {
+            reporter.event(Event::new(proxy, "drained").container(container).message(format!(
+                "{} connection(s) left after {:.1}s",
+                open,
+                started.elapsed().as_secs_f64()
+            )));
+            return Ok(());
+        }
+        reporter.waiting(format!("{proxy}: draining {container}, {open} connection(s) open"));
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// The name a container's admin socket directory was created under (its original name).
+fn run_dir_name(container: &ContainerRef, observed: &[ObservedContainer]) -> String {
+    observed
+        .iter()
+        .find(|c| c.id == container.id)
+        .and_then(|c| c.label(LABEL_NAME))
+        .unwrap_or(&container.name)
+        .to_string()
+}
+
+fn remove_reason(reason: &RemoveReason) -> &'static str {
+    match reason {
+        RemoveReason::ScaleDown => "scale down",
+        RemoveReason::ProxyRemoved => "proxy removed from the config",
+        RemoveReason::Duplicate => "second container in one slot",
+        RemoveReason::Unidentifiable => "berth label without proxy or slot",
+    }
+}
+
+fn unique_suffix() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or_default();
+    format!("{:06x}", nanos & 0xff_ffff)
+}
