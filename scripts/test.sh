@@ -3,5 +3,5 @@
 # integration tests against the real Docker engine and real Envoy images.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/envoy-image.sh 1.39.3 1.40.0 >/dev/null
+scripts/test-images.sh >/dev/null
 cargo test --all-targets "$@"
