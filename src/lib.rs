@@ -7,6 +7,7 @@
 //! replica's Envoy admin API over its Unix socket.
 //! [`cli`] is the thin front.
 
+pub mod admin;
 pub mod cli;
 pub mod docker;
 pub mod ir;
