@@ -11,7 +11,9 @@
 //! closed and cover every protocol (HTTP and TCP proxy alike). `server.total_connections`,
 //! which Envoy Gateway's shutdown manager polls, counts the same worker connections but is only
 //! refreshed at each stats flush (`stats_flush_interval`, 5 s by default), so a drain that polls
-//! it waits up to one flush interval too long.
+//! it waits up to one flush interval too long (measured on Envoy 1.40.0: with one connection
+//! open, `listener.127.0.0.1_<port>.downstream_cx_active` was 1 and `server.total_connections`
+//! still 0).
 
 use std::collections::BTreeMap;
 use std::io;
