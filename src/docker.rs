@@ -92,19 +92,20 @@ impl Engine {
         let where_ = docker_host_description();
         let calls = Arc::new(AtomicU64::new(0));
         let counter = calls.clone();
+        let unreachable = |e: BollardError| {
+            anyhow!(
+                "the Docker engine at {where_} does not answer: {e}; is dockerd running? \
+                 (set DOCKER_HOST to use another engine)"
+            )
+        };
         let docker = Docker::connect_with_local_defaults()
-            .with_context(|| format!("cannot connect to the Docker engine at {where_}"))?
+            .map_err(unreachable)?
             .with_timeout(REQUEST_TIMEOUT)
             .with_request_modifier(move |req| {
                 counter.fetch_add(1, Ordering::Relaxed);
                 req
             });
-        let docker = docker.negotiate_version().await.map_err(|e| {
-            anyhow!(
-                "the Docker engine at {where_} does not answer: {e}; is dockerd running? \
-                 (set DOCKER_HOST to use another engine)"
-            )
-        })?;
+        let docker = docker.negotiate_version().await.map_err(unreachable)?;
         Ok(Engine { docker, calls })
     }
 

@@ -259,3 +259,43 @@ async fn a_silent_socket_times_out() {
     assert!(msg.contains("no answer within"), "{msg}");
     hold.abort();
 }
+
+/// DESIGN decision 1 through this API: two replicas (uid 101, host network, reuse_port) on
+/// one port both become LIVE and both serve.
+#[tokio::test]
+async fn two_replicas_share_one_port() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("two");
+    let engine = Engine::connect().await.unwrap();
+    let port = free_port();
+    let fx = Fixture::new(port);
+    let mut admins = Vec::new();
+    for slot in 0..2 {
+        let name = format!("berth-{}-{slot}", cleanup.case);
+        let replica = fx.replica("two", slot, &name, image);
+        engine
+            .create_replica(&replica, &cleanup.labels())
+            .await
+            .unwrap();
+        admins.push(fx.admin(&name));
+    }
+    for admin in &admins {
+        assert_eq!(
+            wait_live(admin, Duration::from_secs(30)).await,
+            ReadyState::Live
+        );
+    }
+    // Fresh connections are spread by the kernel; 64 are enough to reach both.
+    for _ in 0..64 {
+        let mut c = connect(port).await.unwrap();
+        assert_eq!(http_get(&mut c, "/").await.0, 200);
+    }
+    for admin in &admins {
+        let served = admin
+            .stat("http.web.downstream_rq_2xx")
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert!(served > 0, "a replica served nothing");
+    }
+}

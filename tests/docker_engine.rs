@@ -298,3 +298,31 @@ async fn validate_accepts_good_and_rejects_broken_bootstraps() {
     let left = engine.observe_labelled(&cleanup.filter()).await.unwrap();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
+
+/// Runs in a child process (DOCKER_HOST is process-wide): the error names the socket and asks
+/// whether dockerd runs.
+#[tokio::test]
+async fn unreachable_engine_is_a_clear_error() {
+    if std::env::var("BERTH_TEST_CHILD").is_ok() {
+        let err = Engine::connect().await.err().expect("no engine there");
+        println!("ERROR: {err:#}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unreachable_engine_is_a_clear_error",
+            "--nocapture",
+        ])
+        .env("BERTH_TEST_CHILD", "1")
+        .env("DOCKER_HOST", "unix:///tmp/berth-no-such-docker.sock")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("ERROR: ")).unwrap();
+    assert!(
+        line.contains("/tmp/berth-no-such-docker.sock") && line.contains("is dockerd running?"),
+        "{line}"
+    );
+}
