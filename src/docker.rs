@@ -284,6 +284,9 @@ impl Engine {
         if let Some(dir) = &run_dir {
             prepare_run_dir(dir)?;
         }
+        for m in replica.mounts.iter().filter(|m| m.read_only) {
+            check_readable_by_replica(&m.source)?;
+        }
         let mut labels: HashMap<String, String> = replica
             .labels
             .iter()
@@ -448,6 +451,9 @@ impl Engine {
         config_path: &str,
         extra_labels: &BTreeMap<String, String>,
     ) -> Result<()> {
+        for m in mounts {
+            check_readable_by_replica(&m.source)?;
+        }
         let mut labels: HashMap<String, String> = extra_labels
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -550,6 +556,53 @@ fn prepare_run_dir(dir: &Path) -> Result<()> {
     })?;
     std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
         .with_context(|| format!("setting mode 0700 on {}", dir.display()))?;
+    Ok(())
+}
+
+/// Envoy runs as uid 101: a mounted directory must be searchable and readable by it, and the
+/// files directly in it readable, or Envoy fails later with a vague "unable to read file".
+/// (The directories above a mount source do not matter: the engine resolves them as root.)
+pub fn check_readable_by_replica(source: &Path) -> Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let allowed = |md: &std::fs::Metadata, need: u32| {
+        let mode = md.mode();
+        (mode & need) == need
+            || (md.uid() == REPLICA_UID && (mode & (need << 6)) == need << 6)
+            || (md.gid() == REPLICA_GID && (mode & (need << 3)) == need << 3)
+    };
+    let md =
+        std::fs::metadata(source).with_context(|| format!("mount source {}", source.display()))?;
+    let hint = "Envoy runs as uid 101: make mounted directories 0755 and files 0644 \
+                (files written through a temporary file are 0600 unless chmod-ed before the rename)";
+    if md.is_dir() {
+        if !allowed(&md, 0o5) {
+            bail!(
+                "mount source {} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
+                source.display(),
+                md.mode() & 0o7777
+            );
+        }
+        for entry in std::fs::read_dir(source)
+            .with_context(|| format!("reading {}", source.display()))?
+            .flatten()
+        {
+            let Ok(fmd) = entry.metadata() else { continue };
+            let need = if fmd.is_dir() { 0o5 } else { 0o4 };
+            if (fmd.is_file() || fmd.is_dir()) && !allowed(&fmd, need) {
+                bail!(
+                    "{} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
+                    entry.path().display(),
+                    fmd.mode() & 0o7777
+                );
+            }
+        }
+    } else if !allowed(&md, 0o4) {
+        bail!(
+            "mount source {} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
+            source.display(),
+            md.mode() & 0o7777
+        );
+    }
     Ok(())
 }
 
@@ -712,6 +765,36 @@ mod tests {
             ("localhost:5000/envoy", "1.40.0")
         );
         assert_eq!(split_image("envoy@sha256:abc"), ("envoy@sha256:abc", ""));
+    }
+
+    #[test]
+    fn mount_sources_must_be_readable_by_the_replica_user() {
+        use std::os::unix::fs::PermissionsExt;
+        let set = |p: &Path, mode: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("bootstrap.yaml");
+        std::fs::write(&file, "x").unwrap();
+        set(dir.path(), 0o755);
+        set(&file, 0o644);
+        check_readable_by_replica(dir.path()).unwrap();
+        check_readable_by_replica(&file).unwrap();
+        set(&file, 0o600);
+        let err = check_readable_by_replica(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("bootstrap.yaml") && err.contains("600"),
+            "{err}"
+        );
+        set(&file, 0o644);
+        set(dir.path(), 0o700);
+        let err = check_readable_by_replica(dir.path())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("700"), "{err}");
+        assert!(check_readable_by_replica(&dir.path().join("missing")).is_err());
     }
 
     #[test]
