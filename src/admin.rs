@@ -249,6 +249,10 @@ fn connect_error(e: &io::Error) -> String {
             "permission denied (the socket is mode 0600, owned by uid {}; run berth as root)",
             crate::docker::REPLICA_UID
         ),
+        io::ErrorKind::InvalidInput => format!(
+            "{e} (a Unix socket path may be at most {} bytes: use a shorter state directory)",
+            crate::docker::MAX_SOCKET_PATH
+        ),
         _ => e.to_string(),
     }
 }

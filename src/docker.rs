@@ -56,6 +56,8 @@ pub const REPLICA_USER: &str = "101:101";
 /// Label on `envoy --mode validate` containers, so a leftover one can be recognised.
 pub const LABEL_VALIDATE: &str = "io.berth.validate";
 
+/// The longest Unix socket path berth can connect to (`sun_path` is 108 bytes with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
 /// How long `validate` may take before it is abandoned.
 const VALIDATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// bollard's per-request timeout; `stop` raises it for its own request.
@@ -282,6 +284,15 @@ impl Engine {
             .find(|m| m.target == layout::CONTAINER_RUN_DIR)
             .map(|m| m.source.clone());
         if let Some(dir) = &run_dir {
+            let sock = dir.join(layout::ADMIN_SOCKET_FILE);
+            if sock.as_os_str().len() > MAX_SOCKET_PATH {
+                bail!(
+                    "the admin socket path {} is {} bytes, longer than Unix sockets allow \
+                     ({MAX_SOCKET_PATH}); use a shorter state directory",
+                    sock.display(),
+                    sock.as_os_str().len()
+                );
+            }
             prepare_run_dir(dir)?;
         }
         for m in replica.mounts.iter().filter(|m| m.read_only) {

@@ -241,6 +241,13 @@ async fn missing_socket_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn too_long_socket_path_says_so() {
+    let long = format!("/tmp/{}/admin.sock", "x".repeat(120));
+    let msg = format!("{:#}", Admin::new(long).ready().await.unwrap_err());
+    assert!(msg.contains("at most 107 bytes"), "{msg}");
+}
+
+#[tokio::test]
 async fn a_silent_socket_times_out() {
     // A Unix socket that accepts but never answers.
     let dir = common::short_tempdir();
