@@ -3,9 +3,13 @@
 //! Data flows one way, each stage a module:
 //! [`source`] (TOML, EG IR) → [`ir`] → [`render`] (bootstrap and xDS files) → [`spec`]
 //! (what each replica container must be) → [`plan`] (pure: desired vs observed → actions).
+//! [`docker`] is the only module that talks to the engine; [`admin`] is the client for a
+//! replica's Envoy admin API over its Unix socket.
 //! [`cli`] is the thin front.
 
+pub mod admin;
 pub mod cli;
+pub mod docker;
 pub mod ir;
 pub mod layout;
 pub mod plan;

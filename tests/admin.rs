@@ -1,0 +1,308 @@
+//! admin.rs against a real Envoy replica started through the Engine.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use berth::admin::{version_number, Admin, ReadyState};
+use berth::docker::Engine;
+use common::{ensure_test_image, free_port, wait_live, Cleanup, Fixture, TEST_VERSION};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+/// One HTTP/1.1 keep-alive request on an open connection; returns status, headers and body.
+async fn http_get(conn: &mut TcpStream, path: &str) -> (u16, String, String) {
+    let req = format!("GET {path} HTTP/1.1\r\nHost: test\r\n\r\n");
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = conn.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "connection closed before a full response");
+        buf.extend_from_slice(&chunk[..n]);
+        let text = String::from_utf8_lossy(&buf).to_string();
+        if let Some(end) = text.find("\r\n\r\n") {
+            let head = &text[..end];
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("content-length")
+                        .then(|| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if buf.len() >= end + 4 + len {
+                let status = head.split_whitespace().nth(1).unwrap().parse().unwrap();
+                let body = text[end + 4..end + 4 + len].to_string();
+                return (status, head.to_string(), body);
+            }
+        }
+    }
+}
+
+async fn connect(port: u16) -> std::io::Result<TcpStream> {
+    TcpStream::connect(("127.0.0.1", port)).await
+}
+
+/// Polls `f` until it returns true or `deadline` passes.
+async fn eventually<F, Fut>(deadline: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return true;
+        }
+        if start.elapsed() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// TCP ports in LISTEN state owned by process `pid` (its socket inodes matched against the
+/// host's /proc/net/tcp{,6}: the replica shares the host network namespace).
+fn listening_ports(pid: i64) -> BTreeSet<u16> {
+    let mut inodes = BTreeSet::new();
+    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .flatten()
+    {
+        if let Ok(target) = std::fs::read_link(fd.path()) {
+            let t = target.to_string_lossy();
+            if let Some(inode) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
+                inodes.insert(inode.to_string());
+            }
+        }
+    }
+    let mut ports = BTreeSet::new();
+    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
+        let Ok(text) = std::fs::read_to_string(table) else {
+            continue;
+        };
+        for line in text.lines().skip(1) {
+            let cols: Vec<&str> = line.split_whitespace().collect();
+            // local_address is col 1 ("HEXIP:HEXPORT"), state col 3 (0A = LISTEN), inode col 9.
+            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
+                let port = cols[1].rsplit(':').next().unwrap();
+                ports.insert(u16::from_str_radix(port, 16).unwrap());
+            }
+        }
+    }
+    ports
+}
+
+#[tokio::test]
+async fn admin_over_the_socket_of_a_real_replica() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("adm");
+    let engine = Engine::connect().await.unwrap();
+    let port = free_port();
+    let fx = Fixture::new(port);
+    let name = format!("berth-{}-0", cleanup.case);
+    let replica = fx.replica("adm", 0, &name, image);
+    let id = engine
+        .create_replica(&replica, &cleanup.labels())
+        .await
+        .unwrap();
+    let admin = fx.admin(&name);
+
+    assert_eq!(
+        wait_live(&admin, Duration::from_secs(30)).await,
+        ReadyState::Live,
+        "logs:\n{}",
+        engine.logs_tail(&id, 20).await.unwrap_or_default()
+    );
+
+    // The socket is 0600 and owned by the replica's user.
+    {
+        use std::os::unix::fs::{FileTypeExt, MetadataExt};
+        let md = std::fs::metadata(admin.socket()).unwrap();
+        assert!(md.file_type().is_socket());
+        assert_eq!(md.mode() & 0o777, 0o600, "admin socket mode");
+        assert_eq!(md.uid(), 101);
+    }
+
+    // Version.
+    let version = admin.server_version().await.unwrap();
+    assert!(version.contains(TEST_VERSION), "{version}");
+    assert_eq!(version_number(&version), Some(TEST_VERSION));
+
+    // No TCP admin port: the only TCP socket Envoy listens on is the listener's.
+    let pid = engine.status(&id).await.unwrap().unwrap().pid.unwrap();
+    assert_eq!(listening_ports(pid), BTreeSet::from([port]));
+
+    // Traffic through the listener on 127.0.0.1, on a keep-alive connection.
+    assert_eq!(admin.downstream_connections().await.unwrap(), 0);
+    let mut conn = connect(port).await.unwrap();
+    let (status, _, body) = http_get(&mut conn, "/").await;
+    assert_eq!((status, body.as_str()), (200, "hello from berth\n"));
+    let (status, _, _) = http_get(&mut conn, "/again").await;
+    assert_eq!(status, 200);
+
+    // The requests are counted.
+    let stats = admin.stats().await.unwrap();
+    assert!(
+        stats
+            .get("http.web.downstream_rq_2xx")
+            .copied()
+            .unwrap_or(0)
+            >= 2,
+        "http.web.downstream_rq_2xx: {:?}",
+        stats.get("http.web.downstream_rq_2xx")
+    );
+    assert!(stats.contains_key("server.total_connections"));
+    assert!(
+        admin
+            .stat("http.web.downstream_rq_completed")
+            .await
+            .unwrap()
+            .unwrap_or(0)
+            >= 2
+    );
+    assert_eq!(admin.stat("no.such.stat").await.unwrap(), None);
+
+    // Connections: one open now, none after it closes (the gauge is live).
+    assert_eq!(admin.downstream_connections().await.unwrap(), 1);
+    let mut second = connect(port).await.unwrap();
+    http_get(&mut second, "/").await;
+    assert_eq!(admin.downstream_connections().await.unwrap(), 2);
+    drop(second);
+    drop(conn);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            admin.downstream_connections().await.unwrap() == 0
+        })
+        .await,
+        "connections did not fall to 0"
+    );
+
+    // The drain sequence: fail health checks, graceful drain without exit, then stop
+    // listeners.
+    let mut kept = connect(port).await.unwrap();
+    http_get(&mut kept, "/").await;
+    admin.healthcheck_fail().await.unwrap();
+    assert_eq!(admin.ready().await.unwrap(), ReadyState::Draining);
+    let (code, body) = admin.get("/ready").await.unwrap();
+    assert_eq!((code, body.trim()), (503, "DRAINING"));
+    admin.drain_listeners(true).await.unwrap();
+    assert_eq!(admin.ready().await.unwrap(), ReadyState::Draining);
+    // Still accepting during the graceful drain; responses now close the connection.
+    let mut during = connect(port).await.expect("still accepting");
+    let (status, head, _) = http_get(&mut during, "/").await;
+    assert_eq!(status, 200);
+    assert!(
+        head.to_ascii_lowercase().contains("connection: close"),
+        "drained HTTP/1 responses close the connection:\n{head}"
+    );
+    let (status, head, _) = http_get(&mut kept, "/").await;
+    assert_eq!(status, 200);
+    assert!(head.to_ascii_lowercase().contains("connection: close"));
+    drop(during);
+    drop(kept);
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            admin.downstream_connections().await.unwrap() == 0
+        })
+        .await
+    );
+    // Stop the listeners: new connections are refused, the admin still answers.
+    admin.drain_listeners(false).await.unwrap();
+    assert!(
+        eventually(Duration::from_secs(5), || async {
+            connect(port).await.is_err()
+        })
+        .await,
+        "listener still accepting after /drain_listeners"
+    );
+    assert_eq!(admin.ready().await.unwrap(), ReadyState::Draining);
+
+    // Once the replica is stopped the socket file remains but nobody answers.
+    engine.stop(&id, Duration::from_secs(5)).await.unwrap();
+    let err = admin.ready().await.expect_err("stopped replica");
+    let msg = format!("{err:#}");
+    assert!(
+        msg.contains(&admin.socket().display().to_string()) && msg.contains("connection refused"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn missing_socket_is_a_clear_error() {
+    let admin = Admin::new("/tmp/berth-no-such-dir/admin.sock");
+    let msg = format!("{:#}", admin.ready().await.unwrap_err());
+    assert!(
+        msg.contains("admin socket /tmp/berth-no-such-dir/admin.sock") && msg.contains("no such"),
+        "{msg}"
+    );
+}
+
+#[tokio::test]
+async fn too_long_socket_path_says_so() {
+    let long = format!("/tmp/{}/admin.sock", "x".repeat(120));
+    let msg = format!("{:#}", Admin::new(long).ready().await.unwrap_err());
+    assert!(msg.contains("at most 107 bytes"), "{msg}");
+}
+
+#[tokio::test]
+async fn a_silent_socket_times_out() {
+    // A Unix socket that accepts but never answers.
+    let dir = common::short_tempdir();
+    let path = dir.path().join("s.sock");
+    let listener = tokio::net::UnixListener::bind(&path).unwrap();
+    let hold = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = listener.accept().await {
+            held.push(s);
+        }
+    });
+    let admin = Admin::new(&path).with_timeout(Duration::from_millis(300));
+    let start = Instant::now();
+    let msg = format!("{:#}", admin.ready().await.unwrap_err());
+    assert!(start.elapsed() < Duration::from_secs(2));
+    assert!(msg.contains("no answer within"), "{msg}");
+    hold.abort();
+}
+
+/// DESIGN decision 1 through this API: two replicas (uid 101, host network, reuse_port) on
+/// one port both become LIVE and both serve.
+#[tokio::test]
+async fn two_replicas_share_one_port() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("two");
+    let engine = Engine::connect().await.unwrap();
+    let port = free_port();
+    let fx = Fixture::new(port);
+    let mut admins = Vec::new();
+    for slot in 0..2 {
+        let name = format!("berth-{}-{slot}", cleanup.case);
+        let replica = fx.replica("two", slot, &name, image);
+        engine
+            .create_replica(&replica, &cleanup.labels())
+            .await
+            .unwrap();
+        admins.push(fx.admin(&name));
+    }
+    for admin in &admins {
+        assert_eq!(
+            wait_live(admin, Duration::from_secs(30)).await,
+            ReadyState::Live
+        );
+    }
+    // Fresh connections are spread by the kernel; 64 are enough to reach both.
+    for _ in 0..64 {
+        let mut c = connect(port).await.unwrap();
+        assert_eq!(http_get(&mut c, "/").await.0, 200);
+    }
+    for admin in &admins {
+        let served = admin
+            .stat("http.web.downstream_rq_2xx")
+            .await
+            .unwrap()
+            .unwrap_or(0);
+        assert!(served > 0, "a replica served nothing");
+    }
+}

@@ -1,0 +1,328 @@
+//! docker.rs against the real engine and the local Envoy image.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use berth::docker::{Engine, REPLICA_USER};
+use berth::layout;
+use berth::spec::{Mount, RunState, LABEL_PROXY, LABEL_TEST};
+use bollard::models::{ContainerCreateBody, RestartPolicyNameEnum};
+use bollard::query_parameters::CreateContainerOptionsBuilder;
+use common::{ensure_test_image, free_port, unique, Cleanup, Fixture};
+
+#[tokio::test]
+async fn connect_negotiates_the_api_version() {
+    let engine = Engine::connect().await.expect("connect");
+    let v = engine.api_version();
+    let (major, minor) = v.split_once('.').unwrap();
+    let (major, minor): (u32, u32) = (major.parse().unwrap(), minor.parse().unwrap());
+    assert!(
+        major == 1 && minor <= 41,
+        "negotiated {v}, expected ≤ 1.41 here"
+    );
+    assert_eq!(engine.api_calls(), 1, "negotiation is one request");
+    // And calls work at that version.
+    engine
+        .image_id(ensure_test_image())
+        .await
+        .expect("a call after negotiation");
+    assert_eq!(engine.api_calls(), 2);
+}
+
+#[tokio::test]
+async fn ensure_image_present_and_absent() {
+    let image = ensure_test_image();
+    let engine = Engine::connect().await.unwrap();
+    let id = engine
+        .ensure_image(image, false)
+        .await
+        .expect("present image");
+    assert!(id.starts_with("sha256:"), "{id}");
+    assert_eq!(engine.image_id(image).await.unwrap(), Some(id));
+
+    let missing = "berth-test/does-not-exist:1";
+    assert_eq!(engine.image_id(missing).await.unwrap(), None);
+    let err = engine
+        .ensure_image(missing, false)
+        .await
+        .expect_err("absent image cannot be pulled here");
+    let msg = format!("{err:#}");
+    assert!(msg.contains(missing), "names the image: {msg}");
+    assert!(
+        msg.contains("scripts/envoy-image.sh"),
+        "suggests the script: {msg}"
+    );
+}
+
+#[tokio::test]
+async fn replica_runs_hardened_and_is_observed() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("hard");
+    let engine = Engine::connect().await.unwrap();
+    let fx = Fixture::new(free_port());
+    let proxy = unique("p");
+    let name = format!("berth-{}-0", cleanup.case);
+    let replica = fx.replica(&proxy, 0, &name, image);
+
+    let id = engine
+        .create_replica(&replica, &cleanup.labels())
+        .await
+        .expect("create_replica");
+
+    // The run directory was prepared for uid 101, mode 0700.
+    {
+        use std::os::unix::fs::MetadataExt;
+        let md = std::fs::metadata(fx.run_dir(&name)).unwrap();
+        assert_eq!(md.uid(), 101);
+        assert_eq!(md.gid(), 101);
+        assert_eq!(md.mode() & 0o777, 0o700);
+    }
+
+    // Inspect with bollard and check every setting.
+    let inspect = engine
+        .client()
+        .inspect_container(&id, None)
+        .await
+        .expect("inspect");
+    let hc = inspect.host_config.clone().unwrap();
+    assert_eq!(hc.network_mode.as_deref(), Some("host"));
+    assert_eq!(hc.readonly_rootfs, Some(true));
+    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    assert!(hc.cap_add.unwrap_or_default().is_empty());
+    assert_eq!(
+        hc.security_opt,
+        Some(vec!["no-new-privileges:true".to_string()])
+    );
+    assert_eq!(
+        hc.restart_policy.unwrap().name,
+        Some(RestartPolicyNameEnum::UNLESS_STOPPED)
+    );
+    assert_eq!(hc.memory, Some(256 * 1024 * 1024));
+    assert_eq!(hc.nano_cpus, Some(500_000_000));
+    let mounts = hc.mounts.unwrap();
+    let run = mounts
+        .iter()
+        .find(|m| m.target.as_deref() == Some(layout::CONTAINER_RUN_DIR))
+        .unwrap();
+    assert!(!run.read_only.unwrap_or(false), "run dir is writable");
+    let boot = mounts
+        .iter()
+        .find(|m| m.target.as_deref() == Some(layout::CONTAINER_BOOTSTRAP_DIR))
+        .unwrap();
+    assert_eq!(boot.read_only, Some(true));
+    let config = inspect.config.clone().unwrap();
+    assert_eq!(config.user.as_deref(), Some(REPLICA_USER));
+    assert_eq!(config.cmd.as_ref(), Some(&replica.args));
+    assert_eq!(
+        config.entrypoint,
+        Some(vec!["/usr/local/bin/envoy".to_string()]),
+        "entrypoint comes from the image"
+    );
+    let labels = config.labels.unwrap();
+    for (k, v) in replica.labels.iter().chain(cleanup.labels().iter()) {
+        assert_eq!(labels.get(k), Some(v), "label {k}");
+    }
+    assert_eq!(inspect.name.as_deref(), Some(format!("/{name}").as_str()));
+
+    // It runs (and keeps running).
+    let status = engine.status(&id).await.unwrap().unwrap();
+    assert_eq!(status.state, RunState::Running, "{status:?}");
+    assert!(status.pid.is_some());
+
+    // Logs: Envoy logs at start-up.
+    let start = Instant::now();
+    let logs = loop {
+        let logs = engine.logs_tail(&id, 5).await.unwrap();
+        if !logs.trim().is_empty() || start.elapsed() > Duration::from_secs(10) {
+            break logs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(!logs.trim().is_empty(), "logs_tail returned nothing");
+    assert!(logs.lines().count() <= 5, "tail 5 gave:\n{logs}");
+
+    // A foreign container with a look-alike name, without berth's managed-by label.
+    let foreign = format!("berth-{}-0-foreign", cleanup.case);
+    let mut foreign_labels: HashMap<String, String> = cleanup.labels().into_iter().collect();
+    foreign_labels.insert(LABEL_PROXY.into(), proxy.clone());
+    engine
+        .client()
+        .create_container(
+            Some(
+                CreateContainerOptionsBuilder::default()
+                    .name(&foreign)
+                    .build(),
+            ),
+            ContainerCreateBody {
+                image: Some(image.into()),
+                cmd: Some(vec!["--version".into()]),
+                labels: Some(foreign_labels),
+                ..Default::default()
+            },
+        )
+        .await
+        .expect("create foreign container");
+    engine.start(&foreign).await.unwrap();
+
+    let calls_before = engine.api_calls();
+    let observed = engine.observe().await.expect("observe");
+    let calls = engine.api_calls() - calls_before;
+    assert!(
+        observed.iter().all(|c| c.is_managed()),
+        "observe returned an unmanaged container"
+    );
+    assert!(
+        !observed.iter().any(|c| c.name == foreign),
+        "observe returned the foreign look-alike"
+    );
+    assert_eq!(
+        calls,
+        1 + observed.len() as u64,
+        "one list call plus one inspect per container"
+    );
+    let mine = observed
+        .iter()
+        .find(|c| c.id == id)
+        .expect("observe finds the replica");
+    assert_eq!(mine.name, name, "name without the leading '/'");
+    assert_eq!(mine.state, RunState::Running);
+    assert_eq!(mine.proxy(), Some(proxy.as_str()));
+    assert_eq!(mine.slot(), Some(0));
+    assert_eq!(mine.spec_hash(), Some("test-hash"));
+    assert_eq!(mine.label(LABEL_TEST), Some("1"));
+    assert_eq!(mine.live.memory, Some(256 * 1024 * 1024));
+    assert_eq!(mine.live.nano_cpus, Some(500_000_000));
+    assert_eq!(mine.live.restart_policy, "unless-stopped");
+
+    // The test's own label filter sees both.
+    let mine_all = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    assert_eq!(mine_all.len(), 2);
+
+    // Stop, state, start again.
+    engine.stop(&id, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(engine.state(&id).await.unwrap(), Some(RunState::Exited));
+    engine
+        .stop(&id, Duration::from_secs(5))
+        .await
+        .expect("stop twice");
+    engine.start(&id).await.unwrap();
+    assert_eq!(engine.state(&id).await.unwrap(), Some(RunState::Running));
+
+    // Remove is idempotent; a removed container has no state.
+    engine.remove(&id).await.unwrap();
+    engine.remove(&id).await.expect("remove twice");
+    assert_eq!(engine.state(&id).await.unwrap(), None);
+
+    // A second create of the same name works (stale run directory reused).
+    let id2 = engine
+        .create_replica(&replica, &cleanup.labels())
+        .await
+        .expect("re-create");
+    assert_ne!(id, id2);
+    assert_eq!(engine.remove_labelled(&cleanup.filter()).await.unwrap(), 2);
+    assert_eq!(engine.state(&id2).await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn create_with_a_taken_name_fails_clearly() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("dup");
+    let engine = Engine::connect().await.unwrap();
+    let fx = Fixture::new(free_port());
+    let name = format!("berth-{}-0", cleanup.case);
+    let replica = fx.replica("dup", 0, &name, image);
+    engine.create(&replica, &cleanup.labels()).await.unwrap();
+    let err = engine
+        .create(&replica, &cleanup.labels())
+        .await
+        .expect_err("name taken");
+    let msg = format!("{err:#}");
+    assert!(msg.contains(&name) && msg.contains("409"), "{msg}");
+}
+
+#[tokio::test]
+async fn validate_accepts_good_and_rejects_broken_bootstraps() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("val");
+    let engine = Engine::connect().await.unwrap();
+    let fx = Fixture::new(free_port());
+    let mounts = vec![fx.bootstrap_mount()];
+    engine
+        .validate(
+            image,
+            &mounts,
+            layout::CONTAINER_BOOTSTRAP,
+            &cleanup.labels(),
+        )
+        .await
+        .expect("the good bootstrap validates");
+
+    // A listener with an unknown field: Envoy rejects it.
+    let broken = common::bootstrap_yaml(fx.port).replace(
+        "enable_reuse_port: true",
+        "enable_reuse_port: true\n    no_such_field: 1",
+    );
+    fx.write_bootstrap(&broken);
+    let err = engine
+        .validate(
+            image,
+            &mounts,
+            layout::CONTAINER_BOOTSTRAP,
+            &cleanup.labels(),
+        )
+        .await
+        .expect_err("the broken bootstrap is rejected");
+    let msg = format!("{err:#}");
+    assert!(msg.contains("no_such_field"), "Envoy's message: {msg}");
+    assert!(msg.contains("exit code 1"), "{msg}");
+
+    // A missing file is Envoy's error too.
+    let err = engine
+        .validate(
+            image,
+            &[Mount {
+                source: fx.bootstrap_dir(),
+                target: "/cfg".into(),
+                read_only: false,
+            }],
+            "/cfg/missing.yaml",
+            &cleanup.labels(),
+        )
+        .await
+        .expect_err("missing file");
+    assert!(format!("{err:#}").contains("missing.yaml"), "{err:#}");
+
+    // Every validate container was removed.
+    let left = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    assert!(left.is_empty(), "left behind: {left:?}");
+}
+
+/// Runs in a child process (DOCKER_HOST is process-wide): the error names the socket and asks
+/// whether dockerd runs.
+#[tokio::test]
+async fn unreachable_engine_is_a_clear_error() {
+    if std::env::var("BERTH_TEST_CHILD").is_ok() {
+        let err = Engine::connect().await.err().expect("no engine there");
+        println!("ERROR: {err:#}");
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "unreachable_engine_is_a_clear_error",
+            "--nocapture",
+        ])
+        .env("BERTH_TEST_CHILD", "1")
+        .env("DOCKER_HOST", "unix:///tmp/berth-no-such-docker.sock")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let line = stdout.lines().find(|l| l.starts_with("ERROR: ")).unwrap();
+    assert!(
+        line.contains("/tmp/berth-no-such-docker.sock") && line.contains("is dockerd running?"),
+        "{line}"
+    );
+}
