@@ -1,0 +1,507 @@
+//! The template context: the IR reshaped into exactly what the templates print, with every
+//! decision (cluster types, enum names, duration strings, file paths) made here in Rust, so
+//! templates stay declarative and an override template gets the same facts.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use serde::Serialize;
+
+use crate::ir::{self, LbPolicy, PathMatch, Protocol, RouteAction, Routing, Traffic};
+use crate::layout;
+
+/// Envoy's default cap on `direct_response` bodies; berth raises it when a body is larger.
+const ENVOY_DEFAULT_MAX_DIRECT_RESPONSE_BODY: usize = 4096;
+/// Envoy Gateway's global downstream connection limit.
+const MAX_DOWNSTREAM_CONNECTIONS: u64 = 50_000;
+
+/// File (in the watched directory) of the xDS client certificate secret, xds mode.
+pub const SDS_XDS_CERTIFICATE_FILE: &str = "sds-xds-certificate.yaml";
+/// File (in the watched directory) of the xDS server CA secret, xds mode.
+pub const SDS_XDS_TRUSTED_CA_FILE: &str = "sds-xds-trusted-ca.yaml";
+
+#[derive(Debug, Serialize)]
+pub struct Ctx {
+    pub proxy: ProxyView,
+    /// "standalone" or "xds".
+    pub mode: &'static str,
+    pub paths: Paths,
+    pub overload: Overload,
+    pub xds: Option<XdsView>,
+    pub listeners: Vec<ListenerView>,
+    pub route_configs: Vec<RouteConfigView>,
+    pub clusters: Vec<ClusterView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ProxyView {
+    pub name: String,
+    pub namespace: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Paths {
+    pub admin_socket: &'static str,
+    /// 0600, in decimal as Envoy's `pipe.mode` wants it.
+    pub admin_socket_mode: u32,
+    pub xds_dir: &'static str,
+    pub lds: String,
+    pub rds: String,
+    pub cds: String,
+    pub sds_xds_certificate: String,
+    pub sds_xds_trusted_ca: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Overload {
+    pub max_downstream_connections: u64,
+    /// 80% of the memory limit, when one is set.
+    pub max_heap_size_bytes: Option<u64>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct XdsView {
+    pub address: String,
+    pub port: u16,
+    /// STATIC for an IP address, STRICT_DNS for a name.
+    pub cluster_type: &'static str,
+    pub cert: String,
+    pub key: String,
+    pub ca: String,
+    /// The directory holding the mounted xDS TLS files, watched for rotation.
+    pub tls_dir: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ListenerView {
+    /// The Envoy listener name (the IR listener name, suffixed with the port when it has
+    /// several).
+    pub name: String,
+    pub port: u16,
+    /// "http" or "tcp".
+    pub kind: &'static str,
+    pub tls: Option<TlsView>,
+    /// HTTP: the RDS route configuration name.
+    pub route_config: Option<String>,
+    /// TCP: the cluster to proxy to.
+    pub cluster: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct TlsView {
+    pub cert: String,
+    pub key: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RouteConfigView {
+    pub name: String,
+    pub max_direct_response_body_size_bytes: Option<usize>,
+    pub virtual_hosts: Vec<VirtualHostView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct VirtualHostView {
+    pub name: String,
+    pub domains: Vec<String>,
+    pub routes: Vec<RouteView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RouteView {
+    pub prefix: Option<String>,
+    pub path: Option<String>,
+    pub headers: Vec<HeaderView>,
+    /// "route", "direct_response" or "redirect".
+    pub action: &'static str,
+    /// route: a single cluster…
+    pub cluster: Option<String>,
+    /// …or weighted clusters (two or more).
+    pub weighted_clusters: Vec<WeightedView>,
+    pub timeout: Option<String>,
+    pub retry: Option<RetryView>,
+    pub direct_response: Option<DirectResponseView>,
+    pub redirect: Option<RedirectView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HeaderView {
+    pub name: String,
+    pub value: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct WeightedView {
+    pub name: String,
+    pub weight: u32,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RetryView {
+    /// Conditions joined with commas; None when the IR lists none (Envoy's default applies).
+    pub retry_on: Option<String>,
+    pub num_retries: u32,
+    pub per_try_timeout: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct DirectResponseView {
+    pub status: u16,
+    pub body: String,
+}
+
+#[derive(Debug, Serialize)]
+pub struct RedirectView {
+    pub scheme: Option<String>,
+    pub host: Option<String>,
+    pub port: Option<u16>,
+    pub path: Option<String>,
+    /// Envoy's RedirectResponseCode enum name.
+    pub response_code: &'static str,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ClusterView {
+    pub name: String,
+    /// STATIC when every endpoint is an IP address, else STRICT_DNS.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    pub lb_policy: &'static str,
+    pub connect_timeout: String,
+    pub endpoints: Vec<EndpointView>,
+    pub health_check: Option<HealthCheckView>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct EndpointView {
+    pub host: String,
+    pub port: u16,
+}
+
+#[derive(Debug, Serialize)]
+pub struct HealthCheckView {
+    pub path: String,
+    pub interval: String,
+    pub timeout: String,
+    pub healthy_threshold: u32,
+    pub unhealthy_threshold: u32,
+}
+
+/// An Envoy (protobuf JSON) duration string: "5s", "0.500s", "0.000001500s".
+pub fn duration(d: Duration) -> String {
+    let (s, n) = (d.as_secs(), d.subsec_nanos());
+    if n == 0 {
+        format!("{s}s")
+    } else if n % 1_000_000 == 0 {
+        format!("{s}.{:03}s", n / 1_000_000)
+    } else if n % 1_000 == 0 {
+        format!("{s}.{:06}s", n / 1_000)
+    } else {
+        format!("{s}.{n:09}s")
+    }
+}
+
+fn lb_policy(p: LbPolicy) -> &'static str {
+    match p {
+        LbPolicy::RoundRobin => "ROUND_ROBIN",
+        LbPolicy::LeastRequest => "LEAST_REQUEST",
+        LbPolicy::Random => "RANDOM",
+        LbPolicy::RingHash => "RING_HASH",
+        LbPolicy::Maglev => "MAGLEV",
+    }
+}
+
+fn redirect_code(status: u16) -> Result<&'static str> {
+    Ok(match status {
+        301 => "MOVED_PERMANENTLY",
+        302 => "FOUND",
+        303 => "SEE_OTHER",
+        307 => "TEMPORARY_REDIRECT",
+        308 => "PERMANENT_REDIRECT",
+        other => {
+            bail!("redirect status {other} is not one Envoy supports (301, 302, 303, 307, 308)")
+        }
+    })
+}
+
+fn is_ip(host: &str) -> bool {
+    host.parse::<std::net::IpAddr>().is_ok()
+}
+
+pub fn build(proxy: &ir::ProxyInfra) -> Result<Ctx> {
+    let xds_dir = layout::CONTAINER_XDS_DIR;
+    let in_xds = |f: &str| format!("{xds_dir}/{f}");
+    let mut ctx = Ctx {
+        proxy: ProxyView {
+            name: proxy.name.clone(),
+            namespace: proxy.namespace.clone(),
+        },
+        mode: "standalone",
+        paths: Paths {
+            admin_socket: layout::CONTAINER_ADMIN_SOCKET,
+            admin_socket_mode: 0o600,
+            xds_dir,
+            lds: in_xds(layout::LDS_FILE),
+            rds: in_xds(layout::RDS_FILE),
+            cds: in_xds(layout::CDS_FILE),
+            sds_xds_certificate: in_xds(SDS_XDS_CERTIFICATE_FILE),
+            sds_xds_trusted_ca: in_xds(SDS_XDS_TRUSTED_CA_FILE),
+        },
+        overload: Overload {
+            max_downstream_connections: MAX_DOWNSTREAM_CONNECTIONS,
+            max_heap_size_bytes: proxy
+                .config
+                .resources
+                .memory
+                .map(|m| (u128::from(m) * 4 / 5) as u64),
+        },
+        xds: None,
+        listeners: vec![],
+        route_configs: vec![],
+        clusters: vec![],
+    };
+    match &proxy.routing {
+        Routing::Xds(x) => {
+            ctx.mode = "xds";
+            ctx.xds = Some(XdsView {
+                address: x.address.clone(),
+                port: x.port,
+                cluster_type: if is_ip(&x.address) {
+                    "STATIC"
+                } else {
+                    "STRICT_DNS"
+                },
+                cert: layout::container_tls_file("xds", "cert.pem"),
+                key: layout::container_tls_file("xds", "key.pem"),
+                ca: layout::container_tls_file("xds", "ca.pem"),
+                tls_dir: format!("{}/xds", layout::CONTAINER_TLS_DIR),
+            });
+        }
+        Routing::Standalone(s) => standalone(proxy, s, &mut ctx)?,
+    }
+    Ok(ctx)
+}
+
+fn standalone(proxy: &ir::ProxyInfra, s: &ir::Standalone, ctx: &mut Ctx) -> Result<()> {
+    let known: BTreeSet<&str> = proxy.listeners.iter().map(|l| l.name.as_str()).collect();
+    for r in &s.listeners {
+        if !known.contains(r.listener.as_str()) {
+            bail!(
+                "routing refers to listener {:?}, which the proxy does not have",
+                r.listener
+            );
+        }
+    }
+    let backend = |name: &str, what: &str| -> Result<String> {
+        match s.backend(name) {
+            Some(b) => Ok(b.name.clone()),
+            None => bail!("{what} refers to backend {name:?}, which is not defined"),
+        }
+    };
+    for l in &proxy.listeners {
+        let Some(r) = s.listeners.iter().find(|r| r.listener == l.name) else {
+            bail!(
+                "listener {:?} has no routing (routes or a TCP backend)",
+                l.name
+            );
+        };
+        let tls = r.tls.as_ref().map(|_| TlsView {
+            cert: layout::container_tls_file(&l.name, "cert.pem"),
+            key: layout::container_tls_file(&l.name, "key.pem"),
+        });
+        for p in &l.ports {
+            let name = if l.ports.len() == 1 {
+                l.name.clone()
+            } else {
+                format!("{}-{}", l.name, p.container_port)
+            };
+            let ok = matches!(
+                (p.protocol, &r.traffic),
+                (Protocol::Http | Protocol::Https, Traffic::Http { .. })
+                    | (Protocol::Tcp | Protocol::Tls, Traffic::Tcp { .. })
+            );
+            if !ok {
+                bail!(
+                    "listener {:?} port {} is {:?} but its routing is {}",
+                    l.name,
+                    p.container_port,
+                    p.protocol,
+                    match r.traffic {
+                        Traffic::Http { .. } => "HTTP routes",
+                        Traffic::Tcp { .. } => "a TCP backend",
+                    }
+                );
+            }
+            if matches!(p.protocol, Protocol::Https | Protocol::Tls) && tls.is_none() {
+                bail!(
+                    "listener {:?} port {} is {:?} but has no certificate and key",
+                    l.name,
+                    p.container_port,
+                    p.protocol
+                );
+            }
+            let tls = tls.as_ref().map(|t| TlsView {
+                cert: t.cert.clone(),
+                key: t.key.clone(),
+            });
+            ctx.listeners.push(match &r.traffic {
+                Traffic::Http { .. } => ListenerView {
+                    name,
+                    port: p.container_port,
+                    kind: "http",
+                    tls,
+                    route_config: Some(l.name.clone()),
+                    cluster: None,
+                },
+                Traffic::Tcp { backend: b } => ListenerView {
+                    name,
+                    port: p.container_port,
+                    kind: "tcp",
+                    tls,
+                    route_config: None,
+                    cluster: Some(backend(b, &format!("TCP listener {:?}", l.name))?),
+                },
+            });
+        }
+        if let Traffic::Http { virtual_hosts } = &r.traffic {
+            let mut max_body = 0;
+            let mut vhosts = vec![];
+            for vh in virtual_hosts {
+                let mut routes = vec![];
+                for (i, rt) in vh.routes.iter().enumerate() {
+                    let what = format!("route {i} of virtual host {:?}", vh.name);
+                    let mut v = RouteView {
+                        prefix: None,
+                        path: None,
+                        headers: rt
+                            .matcher
+                            .headers
+                            .iter()
+                            .map(|h| HeaderView {
+                                name: h.name.clone(),
+                                value: h.value.clone(),
+                            })
+                            .collect(),
+                        action: "route",
+                        cluster: None,
+                        weighted_clusters: vec![],
+                        timeout: None,
+                        retry: None,
+                        direct_response: None,
+                        redirect: None,
+                    };
+                    match &rt.matcher.path {
+                        PathMatch::Prefix(p) => v.prefix = Some(p.clone()),
+                        PathMatch::Exact(p) => v.path = Some(p.clone()),
+                    }
+                    match &rt.action {
+                        RouteAction::Forward { backends } => {
+                            v.action = "route";
+                            match backends.as_slice() {
+                                [] => bail!("{what} forwards to no backend"),
+                                [one] => v.cluster = Some(backend(&one.name, &what)?),
+                                many => {
+                                    if many.iter().all(|b| b.weight == 0) {
+                                        bail!("{what}: the backend weights add up to 0");
+                                    }
+                                    for b in many {
+                                        v.weighted_clusters.push(WeightedView {
+                                            name: backend(&b.name, &what)?,
+                                            weight: b.weight,
+                                        });
+                                    }
+                                }
+                            }
+                            v.timeout = rt.timeout.map(duration);
+                            v.retry = rt.retries.as_ref().map(|r| RetryView {
+                                retry_on: (!r.on.is_empty()).then(|| r.on.join(",")),
+                                num_retries: r.attempts,
+                                per_try_timeout: r.per_try_timeout.map(duration),
+                            });
+                        }
+                        RouteAction::DirectResponse { status, body } => {
+                            v.action = "direct_response";
+                            max_body = max_body.max(body.len());
+                            v.direct_response = Some(DirectResponseView {
+                                status: *status,
+                                body: body.clone(),
+                            });
+                        }
+                        RouteAction::Redirect(r) => {
+                            v.action = "redirect";
+                            v.redirect = Some(RedirectView {
+                                scheme: r.scheme.clone(),
+                                host: r.host.clone(),
+                                port: r.port,
+                                path: r.path.clone(),
+                                response_code: redirect_code(r.status)
+                                    .map_err(|e| e.context(what.clone()))?,
+                            });
+                        }
+                    }
+                    routes.push(v);
+                }
+                vhosts.push(VirtualHostView {
+                    name: vh.name.clone(),
+                    domains: vh.domains.clone(),
+                    routes,
+                });
+            }
+            ctx.route_configs.push(RouteConfigView {
+                name: l.name.clone(),
+                max_direct_response_body_size_bytes: (max_body
+                    > ENVOY_DEFAULT_MAX_DIRECT_RESPONSE_BODY)
+                    .then_some(max_body),
+                virtual_hosts: vhosts,
+            });
+        }
+    }
+    for b in &s.backends {
+        if b.endpoints.is_empty() {
+            bail!("backend {:?} has no endpoints", b.name);
+        }
+        ctx.clusters.push(ClusterView {
+            name: b.name.clone(),
+            kind: if b.endpoints.iter().all(|e| e.is_ip()) {
+                "STATIC"
+            } else {
+                "STRICT_DNS"
+            },
+            lb_policy: lb_policy(b.lb_policy),
+            connect_timeout: duration(b.connect_timeout),
+            endpoints: b
+                .endpoints
+                .iter()
+                .map(|e| EndpointView {
+                    host: e.host.clone(),
+                    port: e.port,
+                })
+                .collect(),
+            health_check: b.health_check.as_ref().map(|h| HealthCheckView {
+                path: h.path.clone(),
+                interval: duration(h.interval),
+                timeout: duration(h.timeout),
+                healthy_threshold: h.healthy_threshold,
+                unhealthy_threshold: h.unhealthy_threshold,
+            }),
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(duration(Duration::from_secs(5)), "5s");
+        assert_eq!(duration(Duration::from_millis(500)), "0.500s");
+        assert_eq!(duration(Duration::from_millis(1500)), "1.500s");
+        assert_eq!(duration(Duration::from_micros(1500)), "0.001500s");
+        assert_eq!(duration(Duration::from_nanos(1)), "0.000000001s");
+        assert_eq!(duration(Duration::ZERO), "0s");
+    }
+}
