@@ -286,7 +286,7 @@ pub struct ListenerRouting {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum Traffic {
     Http { virtual_hosts: Vec<VirtualHost> },
     Tcp { backend: String },
@@ -345,7 +345,7 @@ pub struct HeaderMatch {
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
 pub enum RouteAction {
     /// Forward to one backend, or split by weight across several.
     Forward {

@@ -349,9 +349,6 @@ impl Rollout<'_> {
             log_tail: String::new(),
             aftermath: String::new(),
         };
-        if let Err(e) = self.state.create_run_dir(proxy, &name) {
-            return Err(failure(Gate::Start, format!("{e:#}")));
-        }
         let replica = ReplicaContainer::new(desired, slot, &name, image_id, self.state.root());
         self.reporter.waiting(format!("{proxy}/{slot}: starting {name}"));
         let started = Instant::now();
@@ -359,12 +356,6 @@ impl Rollout<'_> {
             Ok(id) => id,
             Err(e) => return Err(failure(Gate::Start, format!("{e:#}"))),
         };
-        if let Err(e) = self.engine.start(&id).await {
-            let mut f = failure(Gate::Start, format!("{e:#}"));
-            f.log_tail = self.engine.logs_tail(&id, LOG_LINES).await.unwrap_or_default();
-            let _ = self.engine.remove(&id).await;
-            return Err(f);
-        }
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(&name));
         if let Err(mut f) = self.gate(proxy, slot, &id, &name, policy).await {

@@ -15,9 +15,6 @@ use anyhow::{Context, Result};
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::spec::DesiredProxy;
 
-/// The uid and gid Envoy runs as inside the replicas (the official image's `envoy` user).
-pub const REPLICA_UID: u32 = 101;
-
 #[derive(Debug, Clone)]
 pub struct StateDir {
     root: PathBuf,
@@ -153,15 +150,6 @@ impl StateDir {
                 .join(BOOTSTRAP_FILE),
         )
         .ok()
-    }
-
-    /// Creates a replica's admin socket directory, owned by the replica user, mode 0700.
-    pub fn create_run_dir(&self, proxy: &str, container_name: &str) -> Result<PathBuf> {
-        let dir = self.proxy(proxy).run(container_name);
-        create_dir(&dir, 0o700)?;
-        std::os::unix::fs::chown(&dir, Some(REPLICA_UID), Some(REPLICA_UID))
-            .with_context(|| format!("cannot chown {} to uid {REPLICA_UID}", dir.display()))?;
-        Ok(dir)
     }
 
     /// Removes the run directories of containers that no longer exist.
