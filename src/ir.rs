@@ -348,8 +348,13 @@ pub struct HeaderMatch {
 #[serde(rename_all = "camelCase")]
 pub enum RouteAction {
     /// Forward to one backend, or split by weight across several.
-    Forward { backends: Vec<WeightedBackend> },
-    DirectResponse { status: u16, body: String },
+    Forward {
+        backends: Vec<WeightedBackend>,
+    },
+    DirectResponse {
+        status: u16,
+        body: String,
+    },
     Redirect(Redirect),
 }
 
