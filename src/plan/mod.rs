@@ -535,12 +535,8 @@ pub fn plan(desired: &[DesiredProxy], observed: &[ObservedContainer]) -> Plan {
     strays.sort_by(|a, b| {
         a.proxy()
             .cmp(&b.proxy())
-            .then_with(|| {
-                b.slot()
-                    .map(i64::from)
-                    .unwrap_or(-1)
-                    .cmp(&a.slot().map(i64::from).unwrap_or(-1))
-            })
+            // Reversed, so None (unreadable) sorts after every slot.
+            .then_with(|| b.slot().cmp(&a.slot()))
             .then_with(|| (&a.name, &a.id).cmp(&(&b.name, &b.id)))
     });
     for c in strays {

@@ -1458,3 +1458,17 @@ fn whole_plan_display() {
     );
     assert_eq!(p.to_string(), want);
 }
+
+#[test]
+fn strays_go_highest_slot_first_and_unreadable_slots_last() {
+    let old = desired("old", 3, &[9090]);
+    let mut obs = fleet(&old);
+    let mut bad = replica_named(&old, 0, "berth-old-x");
+    bad.labels.insert(LABEL_SLOT.into(), "x".into());
+    obs.insert(0, bad);
+    let p = plan(&[], &obs);
+    assert_eq!(
+        p.actions.iter().map(Action::slot).collect::<Vec<_>>(),
+        [Some(2), Some(1), Some(0), None]
+    );
+}
