@@ -1,0 +1,462 @@
+//! What each replica container of a proxy must be: pure data derived from the IR and the
+//! rendered files, and the spec hash that says when a container must be replaced.
+//!
+//! A [`ProxySpec`] is shared by every replica of a proxy; its hash covers everything that needs
+//! a new container (image, args, env, resources, bootstrap content, mounts, ports) and not the
+//! replica count. The few per-replica parts (container name, `--service-node`, admin socket
+//! directory) come from [`ReplicaContainer::new`].
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ir;
+use crate::layout::{self, ProxyDirs};
+
+#[cfg(test)]
+pub(crate) mod tests;
+
+/// Marks every container berth manages; berth never touches a container without it.
+pub const LABEL_MANAGED_BY: &str = "io.berth.managed-by";
+pub const MANAGED_BY_VALUE: &str = "berth";
+pub const LABEL_PROXY: &str = "io.berth.proxy";
+pub const LABEL_SLOT: &str = "io.berth.slot";
+pub const LABEL_SPEC_HASH: &str = "io.berth.spec-hash";
+pub const LABEL_IMAGE_ID: &str = "io.berth.image-id";
+/// The name berth gave the container; a different live name is drift.
+pub const LABEL_NAME: &str = "io.berth.name";
+/// Set on everything the test suite creates, so it can clean up by label.
+pub const LABEL_TEST: &str = "io.berth.test";
+
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct Mount {
+    pub source: PathBuf,
+    pub target: String,
+    pub read_only: bool,
+}
+
+/// Everything that requires a new container when it changes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProxySpec {
+    pub proxy: String,
+    pub image: String,
+    /// Envoy's arguments after the entrypoint, without the per-replica `--service-node`.
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    /// 1e9 = one CPU.
+    pub nano_cpus: Option<i64>,
+    /// Bytes.
+    pub memory: Option<i64>,
+    /// Mounts shared by all replicas (bootstrap generation, watched xDS directory, TLS files).
+    pub mounts: Vec<Mount>,
+    pub ports: Vec<u16>,
+    /// Capabilities added after dropping ALL: NET_BIND_SERVICE when a port is below 1024.
+    pub cap_add: Vec<String>,
+    /// sha256 of the rendered bootstrap.
+    pub bootstrap_sha256: String,
+    /// The user's metadata labels, copied onto each container.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// A proxy as it should be: its spec, that spec's hash, and how many replicas.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DesiredProxy {
+    pub spec: ProxySpec,
+    pub hash: String,
+    pub replicas: u32,
+}
+
+/// One replica container, ready to hand to the engine.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ReplicaContainer {
+    pub name: String,
+    pub slot: u32,
+    pub image: String,
+    /// Full Envoy arguments, including `--service-node <name>`.
+    pub args: Vec<String>,
+    pub env: BTreeMap<String, String>,
+    pub nano_cpus: Option<i64>,
+    pub memory: Option<i64>,
+    /// Shared mounts plus this replica's own admin socket directory.
+    pub mounts: Vec<Mount>,
+    pub cap_add: Vec<String>,
+    /// berth's labels (managed-by, proxy, slot, spec hash, image ID, name) and the user's.
+    pub labels: BTreeMap<String, String>,
+}
+
+/// The engine's view of one berth container, as list and inspect show it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ObservedContainer {
+    pub id: String,
+    /// The live name, without Docker's leading '/'.
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub state: RunState,
+    pub live: LiveSettings,
+}
+
+impl ObservedContainer {
+    pub fn label(&self, key: &str) -> Option<&str> {
+        self.labels.get(key).map(String::as_str)
+    }
+
+    pub fn is_managed(&self) -> bool {
+        self.label(LABEL_MANAGED_BY) == Some(MANAGED_BY_VALUE)
+    }
+
+    pub fn proxy(&self) -> Option<&str> {
+        self.label(LABEL_PROXY)
+    }
+
+    pub fn slot(&self) -> Option<u32> {
+        self.label(LABEL_SLOT).and_then(|s| s.parse().ok())
+    }
+
+    pub fn spec_hash(&self) -> Option<&str> {
+        self.label(LABEL_SPEC_HASH)
+    }
+
+    /// The name berth gave the container (its [`LABEL_NAME`] label).
+    pub fn recorded_name(&self) -> Option<&str> {
+        self.label(LABEL_NAME)
+    }
+
+    /// The image ID berth recorded when it created the container.
+    pub fn image_id(&self) -> Option<&str> {
+        self.label(LABEL_IMAGE_ID)
+    }
+}
+
+impl RunState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunState::Created => "created",
+            RunState::Running => "running",
+            RunState::Paused => "paused",
+            RunState::Restarting => "restarting",
+            RunState::Exited => "exited",
+            RunState::Dead => "dead",
+            RunState::Removing => "removing",
+        }
+    }
+
+    /// Parses Docker's `State.Status` ("running", "exited", …).
+    pub fn parse(status: &str) -> Option<RunState> {
+        Some(match status {
+            "created" => RunState::Created,
+            "running" => RunState::Running,
+            "paused" => RunState::Paused,
+            "restarting" => RunState::Restarting,
+            "exited" => RunState::Exited,
+            "dead" => RunState::Dead,
+            "removing" => RunState::Removing,
+            _ => return None,
+        })
+    }
+
+    /// Not running and `docker start` can start it again (Created or Exited; not Dead).
+    pub fn is_startable(self) -> bool {
+        matches!(self, RunState::Created | RunState::Exited)
+    }
+}
+
+impl std::fmt::Display for RunState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RunState {
+    Created,
+    Running,
+    Paused,
+    Restarting,
+    Exited,
+    Dead,
+    Removing,
+}
+
+/// Settings someone can change on a live container (`docker update`, `docker rename`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LiveSettings {
+    pub nano_cpus: Option<i64>,
+    pub memory: Option<i64>,
+    /// Docker's restart policy name, e.g. "unless-stopped".
+    pub restart_policy: String,
+}
+
+/// The restart policy every replica has (DESIGN decision 8).
+pub const RESTART_POLICY: &str = "unless-stopped";
+
+/// Version of how berth builds a container beyond the fields of [`ProxySpec`]: hardening
+/// (user, read-only root, `cap_drop`, `no-new-privileges`), host networking, restart policy.
+/// It is part of every spec hash, so bumping it when any of those change replaces every
+/// replica (safely, through the rolling path) instead of leaving old-style containers behind.
+pub const SPEC_FORMAT: u32 = 1;
+
+/// The value of `--drain-strategy`.
+pub const DRAIN_STRATEGY: &str = "immediate";
+
+/// Added to `cap_add` when a listener port is below 1024.
+pub const CAP_NET_BIND_SERVICE: &str = "NET_BIND_SERVICE";
+
+/// Lower-case hex sha256.
+pub fn sha256_hex(data: &[u8]) -> String {
+    hex::encode(Sha256::digest(data))
+}
+
+/// The first 12 characters of a hash, for display (the whole string when shorter).
+pub fn short_hash(hash: &str) -> &str {
+    hash.get(..12).unwrap_or(hash)
+}
+
+/// The name berth gives a new replica container: `berth-<proxy>-<slot>-<first 8 of hash>`,
+/// e.g. `berth-edge-0-1a2b3c4d`. It differs between specs, so a start-first replacement's new
+/// container never clashes with the old one of the same slot. The planner adds a `-<n>` suffix
+/// when the name is already taken (a same-spec replacement of a drifted container); see
+/// [`crate::plan`].
+pub fn replica_name(proxy: &str, slot: u32, spec_hash: &str) -> String {
+    let prefix = spec_hash.get(..8).unwrap_or(spec_hash);
+    format!("berth-{proxy}-{slot}-{prefix}")
+}
+
+/// Envoy's worker threads for one replica: the configured `concurrency`, or else
+/// max(1, host CPUs / replicas) so that the replicas together use the host's CPUs once.
+pub fn concurrency(config: &ir::EnvoyProxy, host_cpus: u32) -> u32 {
+    match config.concurrency {
+        Some(n) => n.max(1),
+        None => (host_cpus / config.replicas.max(1)).max(1),
+    }
+}
+
+/// `--drain-time-s`: whole seconds, rounded up so a sub-second timeout is not turned into 0.
+fn drain_time_secs(d: std::time::Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// The desired state of one proxy's replicas.
+///
+/// `bootstrap` is the rendered bootstrap text: its sha256 is [`ProxySpec::bootstrap_sha256`]
+/// and names the generation directory mounted at [`layout::CONTAINER_BOOTSTRAP_DIR`], so a new
+/// bootstrap is a new spec (replicas are replaced) while the old replicas keep their files. The
+/// watched xDS files are *not* part of the spec: Envoy reloads them live, without a restart.
+///
+/// **Concurrency and the hash.** The hash covers Envoy's arguments, and `--concurrency`
+/// defaults to max(1, host CPUs / replicas). The replica count itself is not hashed, but when
+/// concurrency is not set, a scale that changes the *computed* worker count changes every
+/// replica's args and therefore its hash, and the replicas are rolled to the new worker count
+/// (the price of replicas that together use the host's CPUs once, not N times). When the
+/// computed value stays the same (e.g. 3 → 5 replicas on a 2-CPU host: 1 worker either way), or
+/// when `concurrency` is set explicitly, scaling leaves the hash alone and only adds or removes
+/// slots. The host's CPU count is an input for the same reason: moving the state to a bigger
+/// host rolls the replicas to more workers.
+pub fn desired_proxy(
+    proxy: &ir::ProxyInfra,
+    bootstrap: &str,
+    state_dir: &Path,
+    host_cpus: u32,
+) -> DesiredProxy {
+    let cfg = &proxy.config;
+    let bootstrap_sha256 = sha256_hex(bootstrap.as_bytes());
+    let dirs = ProxyDirs::new(state_dir, &proxy.name);
+
+    let mut args: Vec<String> = vec![
+        "-c".into(),
+        layout::CONTAINER_BOOTSTRAP.into(),
+        "--disable-hot-restart".into(),
+        "--service-cluster".into(),
+        proxy.name.clone(),
+        "--log-level".into(),
+        cfg.logging.default_level().as_str().into(),
+    ];
+    let components: Vec<String> = cfg
+        .logging
+        .component_levels()
+        .map(|(c, l)| format!("{c}:{}", l.as_str()))
+        .collect();
+    if !components.is_empty() {
+        args.push("--component-log-level".into());
+        args.push(components.join(","));
+    }
+    args.extend([
+        "--drain-strategy".into(),
+        DRAIN_STRATEGY.into(),
+        "--drain-time-s".into(),
+        drain_time_secs(cfg.shutdown.drain_timeout).to_string(),
+        "--concurrency".into(),
+        concurrency(cfg, host_cpus).to_string(),
+    ]);
+    args.extend(cfg.extra_args.iter().cloned());
+
+    let ro = |source: PathBuf, target: String| Mount {
+        source,
+        target,
+        read_only: true,
+    };
+    let mut mounts = vec![ro(
+        dirs.generation(&bootstrap_sha256),
+        layout::CONTAINER_BOOTSTRAP_DIR.into(),
+    )];
+    match &proxy.routing {
+        ir::Routing::Standalone(standalone) => {
+            mounts.push(ro(dirs.xds(), layout::CONTAINER_XDS_DIR.into()));
+            for l in &standalone.listeners {
+                if let Some(tls) = &l.tls {
+                    mounts.push(ro(
+                        tls.cert_file.clone(),
+                        layout::container_tls_file(&l.listener, "cert.pem"),
+                    ));
+                    mounts.push(ro(
+                        tls.key_file.clone(),
+                        layout::container_tls_file(&l.listener, "key.pem"),
+                    ));
+                }
+            }
+        }
+        ir::Routing::Xds(xds) => {
+            mounts.push(ro(
+                xds.ca_file.clone(),
+                layout::container_tls_file("xds", "ca.pem"),
+            ));
+            mounts.push(ro(
+                xds.cert_file.clone(),
+                layout::container_tls_file("xds", "cert.pem"),
+            ));
+            mounts.push(ro(
+                xds.key_file.clone(),
+                layout::container_tls_file("xds", "key.pem"),
+            ));
+        }
+    }
+    mounts.sort();
+    mounts.dedup();
+
+    let mut ports = proxy.host_ports();
+    ports.sort_unstable();
+    ports.dedup();
+    let cap_add = if ports.iter().any(|&p| p < 1024) {
+        vec![CAP_NET_BIND_SERVICE.to_string()]
+    } else {
+        Vec::new()
+    };
+
+    let spec = ProxySpec {
+        proxy: proxy.name.clone(),
+        image: cfg.image.clone(),
+        args,
+        env: cfg.env.clone(),
+        nano_cpus: cfg.resources.cpus.map(|c| (c * 1e9).round() as i64),
+        memory: cfg
+            .resources
+            .memory
+            .map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
+        mounts,
+        ports,
+        cap_add,
+        bootstrap_sha256,
+        labels: proxy.metadata.labels.clone(),
+    };
+    let hash = spec.hash();
+    DesiredProxy {
+        spec,
+        hash,
+        replicas: cfg.replicas,
+    }
+}
+
+impl ProxySpec {
+    /// sha256 (lower-case hex) over a canonical serialization: serde_json of
+    /// `{"format": SPEC_FORMAT, "spec": <this spec with mounts, ports and cap_add sorted>}`.
+    /// Maps are BTreeMaps, so the bytes do not depend on insertion order; `args` keep their
+    /// order because it is meaningful. Renaming or adding a field changes every hash (and so
+    /// rolls every replica on upgrade): a golden test guards against doing so by accident.
+    pub fn hash(&self) -> String {
+        #[derive(Serialize)]
+        struct Hashed<'a> {
+            format: u32,
+            spec: &'a ProxySpec,
+        }
+        let mut spec = self.clone();
+        spec.mounts.sort();
+        spec.mounts.dedup();
+        spec.ports.sort_unstable();
+        spec.ports.dedup();
+        spec.cap_add.sort();
+        spec.cap_add.dedup();
+        let json = serde_json::to_vec(&Hashed {
+            format: SPEC_FORMAT,
+            spec: &spec,
+        })
+        .expect("a ProxySpec always serializes");
+        sha256_hex(&json)
+    }
+}
+
+impl DesiredProxy {
+    pub fn name(&self) -> &str {
+        &self.spec.proxy
+    }
+}
+
+impl ReplicaContainer {
+    /// The container for `slot` of `desired`, named `name` (from the plan's action). Adds to
+    /// the shared spec: `--service-node <name>` (right after `--service-cluster`, so the user's
+    /// extra args stay last), this replica's admin socket directory at
+    /// [`layout::CONTAINER_RUN_DIR`] (read-write), and berth's labels, which win over the
+    /// user's labels of the same key. `image_id` is recorded as a label for `status`; it is not
+    /// part of the hash (the image reference is).
+    pub fn new(
+        desired: &DesiredProxy,
+        slot: u32,
+        name: &str,
+        image_id: &str,
+        state_dir: &Path,
+    ) -> ReplicaContainer {
+        let spec = &desired.spec;
+
+        let mut args = spec.args.clone();
+        let at = args
+            .iter()
+            .position(|a| a == "--service-cluster")
+            .map(|i| (i + 2).min(args.len()))
+            .unwrap_or(0);
+        args.splice(at..at, ["--service-node".to_string(), name.to_string()]);
+
+        let mut mounts = spec.mounts.clone();
+        mounts.push(Mount {
+            source: ProxyDirs::new(state_dir, &spec.proxy).run(name),
+            target: layout::CONTAINER_RUN_DIR.into(),
+            read_only: false,
+        });
+        mounts.sort();
+
+        let mut labels = spec.labels.clone();
+        for (k, v) in [
+            (LABEL_MANAGED_BY, MANAGED_BY_VALUE),
+            (LABEL_PROXY, spec.proxy.as_str()),
+            (LABEL_SLOT, &slot.to_string()),
+            (LABEL_SPEC_HASH, desired.hash.as_str()),
+            (LABEL_IMAGE_ID, image_id),
+            (LABEL_NAME, name),
+        ] {
+            labels.insert(k.to_string(), v.to_string());
+        }
+
+        ReplicaContainer {
+            name: name.to_string(),
+            slot,
+            image: spec.image.clone(),
+            args,
+            env: spec.env.clone(),
+            nano_cpus: spec.nano_cpus,
+            memory: spec.memory,
+            mounts,
+            cap_add: spec.cap_add.clone(),
+            labels,
+        }
+    }
+}
