@@ -243,30 +243,31 @@ fn render(cli: &Cli, proxy: Option<&str>) -> Result<()> {
 
 async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     let config = load(cli)?;
+    // Render against a scratch state directory: validation must not touch the real one.
+    let scratch = tempfile::Builder::new().prefix("berth-validate-").tempdir()?;
     let targets = desired::targets(
         &config.infra,
         &renderer(cli)?,
-        &state_dir(cli, Some(&config)),
+        scratch.path(),
         desired::host_cpus(),
     )?;
-    let reporter = reporter(cli);
+    let proxies = targets.len();
     if no_envoy {
-        println!("{}: config is valid ({} proxies)", cli.file.display(), targets.len());
+        println!("{}: config is valid ({proxies} proxies)", cli.file.display());
         return Ok(());
     }
     let engine = match Engine::connect().await {
         Ok(engine) => engine,
         Err(e) => {
             println!(
-                "{}: config is valid ({} proxies); Envoy check skipped: {e:#}",
-                cli.file.display(),
-                targets.len()
+                "{}: config is valid ({proxies} proxies); Envoy check skipped: {e:#}",
+                cli.file.display()
             );
             return Ok(());
         }
     };
-    let scratch = tempfile::Builder::new().prefix("berth-validate-").tempdir()?;
     let state = StateDir::open(scratch.path())?;
+    let reporter = reporter(cli);
     let rollout = Rollout {
         engine: &engine,
         state: &state,
@@ -274,13 +275,15 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         extra_labels: container_labels(cli),
     };
     for target in &targets {
-        engine.ensure_image(&target.desired.spec.image, reporter.shows_progress()).await?;
+        engine
+            .ensure_image(&target.desired.spec.image, reporter.shows_progress())
+            .await?;
         rollout.validate_target(target).await?;
     }
+    drop(reporter);
     println!(
-        "{}: config is valid and Envoy accepts it ({} proxies)",
-        cli.file.display(),
-        targets.len()
+        "{}: config is valid and Envoy accepts it ({proxies} proxies)",
+        cli.file.display()
     );
     Ok(())
 }
@@ -345,7 +348,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     let state = StateDir::open(&state_path)?;
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
     let observed = owned(engine.observe().await?, &names, &state)?;
-    let replica_pids = engine.replica_pids(&observed).await?;
+    let replica_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
     preflight::check_ports(&config.infra, &replica_pids)?;
     let reporter = reporter(cli);
     let rollout = Rollout {

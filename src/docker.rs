@@ -43,7 +43,7 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use crate::layout;
 use crate::spec::{
-    LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState, LABEL_MANAGED_BY,
+    LiveSettings, Mount, ContainerInfo, ObservedContainer, ReplicaContainer, RunState, LABEL_MANAGED_BY,
     MANAGED_BY_VALUE,
 };
 
@@ -665,6 +665,20 @@ fn observed_from(
             nano_cpus: hc.and_then(|h| h.nano_cpus).filter(|v| *v > 0),
             memory: hc.and_then(|h| h.memory).filter(|v| *v > 0),
             restart_policy,
+        },
+        info: ContainerInfo {
+            image: summary.image.clone().unwrap_or_default(),
+            pid: inspect
+                .state
+                .as_ref()
+                .and_then(|s| s.pid)
+                .filter(|p| *p > 0)
+                .map(|p| p as u32),
+            started_at: inspect
+                .state
+                .as_ref()
+                .filter(|s| s.running == Some(true))
+                .and_then(|s| s.started_at.clone()),
         },
     }
 }

@@ -5,6 +5,8 @@
 //!   proxies/<proxy>/
 //!     generations/<bootstrap-sha>/bootstrap.yaml  one per bootstrap content, never rewritten
 //!     xds/{lds,rds,cds}.yaml                     watched by Envoy, mounted read-only
+//!     tls/<listener or xds>/{cert,key,ca}.pem     copies of the TLS files, mounted read-only
+//!     specs/<spec-hash>.json                     recorded specs, for rollback
 //!     run/<container-name>/admin.sock            each replica's admin socket directory
 //! ```
 
@@ -59,6 +61,11 @@ impl ProxyDirs {
 
     pub fn xds(&self) -> PathBuf {
         self.root.join("xds")
+    }
+
+    /// TLS files of one listener (or "xds"), copied here and mounted as a directory.
+    pub fn tls(&self, owner: &str) -> PathBuf {
+        self.root.join("tls").join(owner)
     }
 
     pub fn run(&self, container_name: &str) -> PathBuf {

@@ -9,13 +9,17 @@
 
 pub mod admin;
 pub mod cli;
+pub mod desired;
 pub mod docker;
+pub mod host;
 pub mod ir;
 pub mod layout;
 pub mod plan;
 pub mod preflight;
 pub mod progress;
 pub mod render;
+pub mod rollout;
 pub mod source;
 pub mod spec;
 pub mod state;
+pub mod status;

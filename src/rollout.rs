@@ -16,7 +16,7 @@ use crate::admin::{Admin, ReadyState};
 use crate::desired::Target;
 use crate::docker::Engine;
 use crate::ir::{OnFailure, RolloutPolicy, Shutdown};
-use crate::plan::{self, Action, ContainerRef, RemoveReason};
+use crate::plan::{self, Action, ContainerRef};
 use crate::progress::{Event, Reporter};
 use crate::render;
 use crate::spec::{self, DesiredProxy, ObservedContainer, ReplicaContainer, RunState, LABEL_NAME};
@@ -139,11 +139,14 @@ impl Rollout<'_> {
                 .engine
                 .ensure_image(&desired.spec.image, self.reporter.shows_progress())
                 .await?;
-            if !self.spec_is_proven(desired, observed) {
+            if self.spec_is_proven(desired, observed) {
+                self.copy_tls(target)?;
+            } else {
                 self.validate_target(target).await?;
             }
             id
         } else {
+            self.copy_tls(target)?;
             String::new()
         };
         self.write_files(target)?;
@@ -153,10 +156,10 @@ impl Rollout<'_> {
         let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
         for action in actions {
             match action {
-                Action::Create { slot, .. } => {
-                    self.start_replica(desired, *slot, &image_id, policy, None)
+                Action::Create { slot, name: new_name, .. } => {
+                    self.start_replica(desired, *slot, new_name, &image_id, policy)
                         .await
-                        .map_err(|f| anyhow::Error::new(f))?;
+                        .map_err(anyhow::Error::new)?;
                 }
                 Action::Start { slot, container, .. } => {
                     self.engine.start(&container.id).await?;
@@ -167,7 +170,13 @@ impl Rollout<'_> {
                     self.reporter
                         .event(Event::new(name, "started").slot(*slot).container(&container.name));
                 }
-                Action::Replace { slot, old, reason, .. } => {
+                Action::Replace {
+                    slot,
+                    old,
+                    reason,
+                    new_name,
+                    ..
+                } => {
                     self.reporter.event(
                         Event::new(name, "replacing")
                             .slot(*slot)
@@ -181,12 +190,12 @@ impl Rollout<'_> {
                         .unwrap_or_default()
                         .to_string();
                     match self
-                        .start_replica(desired, *slot, &image_id, policy, Some(&old.name))
+                        .start_replica(desired, *slot, new_name, &image_id, policy)
                         .await
                     {
-                        Ok(new_name) => {
+                        Ok(()) => {
                             self.retire(name, old, observed, shutdown, policy).await?;
-                            replaced.push((*slot, new_name, old_hash));
+                            replaced.push((*slot, new_name.clone(), old_hash));
                         }
                         Err(mut failure) => {
                             failure.aftermath = self.after_failure(target, &replaced, observed).await;
@@ -194,13 +203,14 @@ impl Rollout<'_> {
                         }
                     }
                 }
-                Action::Remove { container, reason, slot, .. } => {
+                Action::Remove {
+                    container, reason, ..
+                } => {
                     self.reporter.event(
                         Event::new(name, "removing")
                             .container(&container.name)
-                            .message(remove_reason(reason)),
+                            .message(reason.to_string()),
                     );
-                    let _ = slot;
                     self.retire(name, container, observed, shutdown, policy).await?;
                 }
             }
@@ -225,7 +235,8 @@ impl Rollout<'_> {
                     .container(&old.name)
                     .message("its bootstrap file was changed on disk"),
             );
-            self.start_replica(desired, slot, &image_id, policy, Some(&old.name))
+            let new_name = fresh_name(desired, slot, observed);
+            self.start_replica(desired, slot, &new_name, &image_id, policy)
                 .await
                 .map_err(anyhow::Error::new)?;
             self.retire(name, &old_ref, observed, shutdown, policy).await?;
@@ -269,6 +280,7 @@ impl Rollout<'_> {
     /// container of its image.
     pub async fn validate_target(&self, target: &Target) -> Result<()> {
         let name = target.name();
+        self.copy_tls(target)?;
         self.reporter.waiting(format!("{name}: envoy --mode validate"));
         let dir = tempfile::Builder::new()
             .prefix("berth-validate-")
@@ -309,6 +321,17 @@ impl Rollout<'_> {
         Ok(())
     }
 
+    /// Copies the TLS files the replicas (and validation) mount.
+    fn copy_tls(&self, target: &Target) -> Result<()> {
+        let name = target.name();
+        let tls = self.state.write_tls(name, &spec::tls_files(&target.proxy))?;
+        if !tls.is_empty() {
+            self.reporter
+                .event(Event::new(name, "files").message(format!("copied {}", tls.join(", "))));
+        }
+        Ok(())
+    }
+
     fn write_files(&self, target: &Target) -> Result<()> {
         let name = target.name();
         self.state.write_spec(&target.desired)?;
@@ -331,25 +354,21 @@ impl Rollout<'_> {
         &self,
         desired: &DesiredProxy,
         slot: u32,
+        name: &str,
         image_id: &str,
         policy: &RolloutPolicy,
-        replacing: Option<&str>,
-    ) -> Result<String, GateFailure> {
+    ) -> Result<(), GateFailure> {
         let proxy = &desired.spec.proxy;
-        let mut name = spec::replica_name(proxy, slot, &desired.hash);
-        if replacing == Some(name.as_str()) {
-            name = format!("{name}-{}", unique_suffix());
-        }
         let failure = |gate: Gate, reason: String| GateFailure {
             proxy: proxy.clone(),
             slot,
-            container: name.clone(),
+            container: name.to_string(),
             gate,
             reason,
             log_tail: String::new(),
             aftermath: String::new(),
         };
-        let replica = ReplicaContainer::new(desired, slot, &name, image_id, self.state.root());
+        let replica = ReplicaContainer::new(desired, slot, name, image_id, self.state.root());
         self.reporter.waiting(format!("{proxy}/{slot}: starting {name}"));
         let started = Instant::now();
         let id = match self.engine.create_replica(&replica, &self.extra_labels).await {
@@ -357,15 +376,15 @@ impl Rollout<'_> {
             Err(e) => return Err(failure(Gate::Start, format!("{e:#}"))),
         };
         self.reporter
-            .event(Event::new(proxy, "created").slot(slot).container(&name));
-        if let Err(mut f) = self.gate(proxy, slot, &id, &name, policy).await {
+            .event(Event::new(proxy, "created").slot(slot).container(name));
+        if let Err(mut f) = self.gate(proxy, slot, &id, name, policy).await {
             f.log_tail = self.engine.logs_tail(&id, LOG_LINES).await.unwrap_or_default();
             let _ = self.engine.remove(&id).await;
-            let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(&name));
+            let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(name));
             self.reporter.event(
                 Event::new(proxy, "failed")
                     .slot(slot)
-                    .container(&name)
+                    .container(name)
                     .message(format!("did not {}: {}", f.gate, f.reason)),
             );
             return Err(f);
@@ -373,10 +392,10 @@ impl Rollout<'_> {
         self.reporter.event(
             Event::new(proxy, "ready")
                 .slot(slot)
-                .container(&name)
+                .container(name)
                 .message(format!("in {:.1}s", started.elapsed().as_secs_f64())),
         );
-        Ok(name)
+        Ok(())
     }
 
     /// Waits until the replica reports LIVE within the startup deadline, then requires it to
@@ -515,8 +534,9 @@ impl Rollout<'_> {
                 }
             };
             // Never roll back a rollback: a failure here is reported, not retried.
+            let back_name = fresh_name(&previous, *slot, observed);
             match self
-                .start_replica(&previous, *slot, &image_id, &target.proxy.rollout, Some(new_name))
+                .start_replica(&previous, *slot, &back_name, &image_id, &target.proxy.rollout)
                 .await
             {
                 Ok(_) => {
@@ -609,19 +629,13 @@ fn run_dir_name(container: &ContainerRef, observed: &[ObservedContainer]) -> Str
         .to_string()
 }
 
-fn remove_reason(reason: &RemoveReason) -> &'static str {
-    match reason {
-        RemoveReason::ScaleDown => "scale down",
-        RemoveReason::ProxyRemoved => "proxy removed from the config",
-        RemoveReason::Duplicate => "second container in one slot",
-        RemoveReason::Unidentifiable => "berth label without proxy or slot",
-    }
-}
-
-fn unique_suffix() -> String {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or_default();
-    format!("{:06x}", nanos & 0xff_ffff)
+/// A name for a new replica of `desired` in `slot` that no observed container has, for
+/// replacements the planner did not name (tampered files, rollback).
+fn fresh_name(desired: &DesiredProxy, slot: u32, observed: &[ObservedContainer]) -> String {
+    let base = spec::replica_name(&desired.spec.proxy, slot, &desired.hash);
+    let taken = |n: &str| observed.iter().any(|c| c.name == n);
+    (0..)
+        .map(|i| if i == 0 { base.clone() } else { format!("{base}-r{i}") })
+        .find(|n| !taken(n))
+        .unwrap_or(base)
 }

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, Result};
 
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
-use crate::spec::DesiredProxy;
+use crate::docker::{REPLICA_GID, REPLICA_UID};
+use crate::spec::{DesiredProxy, TlsFile};
 
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -84,6 +85,30 @@ impl StateDir {
                 fs::remove_file(dir.join(&name))?;
                 changed.push(name);
             }
+        }
+        Ok(changed)
+    }
+
+    /// Copies the proxy's TLS files into its state (readable only by the replica user for
+    /// keys), each by an atomic rename, so a renewed certificate reaches running replicas
+    /// through their directory mounts. Returns the files that changed.
+    pub fn write_tls(&self, proxy: &str, files: &[TlsFile]) -> Result<Vec<String>> {
+        let dirs = self.proxy(proxy);
+        let mut changed = Vec::new();
+        for f in files {
+            let content = fs::read(&f.source)
+                .with_context(|| format!("cannot read TLS file {}", f.source.display()))?;
+            let dir = dirs.tls(&f.owner);
+            create_dir(&dir, 0o755)?;
+            let path = dir.join(f.file);
+            if fs::read(&path).ok().as_deref() == Some(content.as_slice()) {
+                continue;
+            }
+            let mode = if f.file == "key.pem" { 0o400 } else { 0o444 };
+            write_atomic(&path, &content, mode)?;
+            std::os::unix::fs::chown(&path, Some(REPLICA_UID), Some(REPLICA_GID))
+                .with_context(|| format!("cannot hand {} to uid {REPLICA_UID}", path.display()))?;
+            changed.push(format!("{}/{}", f.owner, f.file));
         }
         Ok(changed)
     }

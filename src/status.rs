@@ -50,7 +50,7 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
             container: c.name.clone(),
             state: c.state,
             ready,
-            image: c.image.clone(),
+            image: c.info.image.clone(),
             spec: spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
             uptime_seconds: c.uptime_seconds(),
             connections,

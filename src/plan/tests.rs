@@ -30,6 +30,7 @@ fn replica_named(d: &DesiredProxy, slot: u32, name: &str) -> ObservedContainer {
             memory: r.memory,
             restart_policy: RESTART_POLICY.to_string(),
         },
+        info: Default::default(),
     }
 }
 
@@ -58,6 +59,7 @@ fn foreign(name: &str, labels: &[(&str, &str)]) -> ObservedContainer {
             memory: None,
             restart_policy: "no".to_string(),
         },
+        info: Default::default(),
     }
 }
 

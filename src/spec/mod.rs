@@ -6,7 +6,7 @@
 //! replica count. The few per-replica parts (container name, `--service-node`, admin socket
 //! directory) come from [`ReplicaContainer::new`].
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -95,9 +95,35 @@ pub struct ObservedContainer {
     pub labels: BTreeMap<String, String>,
     pub state: RunState,
     pub live: LiveSettings,
+    /// What the engine reports beyond what the planner needs, for status and preflight.
+    #[serde(default)]
+    pub info: ContainerInfo,
+}
+
+/// Facts about a container that the planner does not use.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct ContainerInfo {
+    /// The image reference the container was created from.
+    pub image: String,
+    /// The main process on the host, while running.
+    pub pid: Option<u32>,
+    /// RFC 3339 start time, while running.
+    pub started_at: Option<String>,
 }
 
 impl ObservedContainer {
+    /// Seconds since the container started, while it runs.
+    pub fn uptime_seconds(&self) -> Option<u64> {
+        if self.state != RunState::Running {
+            return None;
+        }
+        let started = humantime::parse_rfc3339_weak(self.info.started_at.as_deref()?.trim_end_matches('Z')).ok()?;
+        std::time::SystemTime::now()
+            .duration_since(started)
+            .ok()
+            .map(|d| d.as_secs())
+    }
+
     pub fn label(&self, key: &str) -> Option<&str> {
         self.labels.get(key).map(String::as_str)
     }
@@ -238,6 +264,44 @@ fn drain_time_secs(d: std::time::Duration) -> u64 {
     d.as_secs() + u64::from(d.subsec_nanos() > 0)
 }
 
+/// One TLS file a proxy's replicas read: copied from `source` into the state directory's
+/// `tls/<owner>/<file>` and mounted at `layout::container_tls_file(owner, file)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFile {
+    /// A listener name, or "xds" for the xDS client certificate.
+    pub owner: String,
+    /// "cert.pem", "key.pem" or "ca.pem".
+    pub file: &'static str,
+    pub source: PathBuf,
+}
+
+/// Every TLS file the proxy's replicas need.
+pub fn tls_files(proxy: &ir::ProxyInfra) -> Vec<TlsFile> {
+    let file = |owner: &str, file, source: &PathBuf| TlsFile {
+        owner: owner.to_string(),
+        file,
+        source: source.clone(),
+    };
+    match &proxy.routing {
+        ir::Routing::Standalone(standalone) => standalone
+            .listeners
+            .iter()
+            .filter_map(|l| l.tls.as_ref().map(|t| (l, t)))
+            .flat_map(|(l, t)| {
+                [
+                    file(&l.listener, "cert.pem", &t.cert_file),
+                    file(&l.listener, "key.pem", &t.key_file),
+                ]
+            })
+            .collect(),
+        ir::Routing::Xds(x) => vec![
+            file("xds", "ca.pem", &x.ca_file),
+            file("xds", "cert.pem", &x.cert_file),
+            file("xds", "key.pem", &x.key_file),
+        ],
+    }
+}
+
 /// The desired state of one proxy's replicas.
 ///
 /// `bootstrap` is the rendered bootstrap text: its sha256 is [`ProxySpec::bootstrap_sha256`]
@@ -301,36 +365,17 @@ pub fn desired_proxy(
         dirs.generation(&bootstrap_sha256),
         layout::CONTAINER_BOOTSTRAP_DIR.into(),
     )];
-    match &proxy.routing {
-        ir::Routing::Standalone(standalone) => {
-            mounts.push(ro(dirs.xds(), layout::CONTAINER_XDS_DIR.into()));
-            for l in &standalone.listeners {
-                if let Some(tls) = &l.tls {
-                    mounts.push(ro(
-                        tls.cert_file.clone(),
-                        layout::container_tls_file(&l.listener, "cert.pem"),
-                    ));
-                    mounts.push(ro(
-                        tls.key_file.clone(),
-                        layout::container_tls_file(&l.listener, "key.pem"),
-                    ));
-                }
-            }
-        }
-        ir::Routing::Xds(xds) => {
-            mounts.push(ro(
-                xds.ca_file.clone(),
-                layout::container_tls_file("xds", "ca.pem"),
-            ));
-            mounts.push(ro(
-                xds.cert_file.clone(),
-                layout::container_tls_file("xds", "cert.pem"),
-            ));
-            mounts.push(ro(
-                xds.key_file.clone(),
-                layout::container_tls_file("xds", "key.pem"),
-            ));
-        }
+    // The watched directory holds the listener/route/cluster files (standalone) or the SDS
+    // files for the xDS client certificate (xds mode).
+    mounts.push(ro(dirs.xds(), layout::CONTAINER_XDS_DIR.into()));
+    // TLS material is copied into the state directory (owned by the replica user) and mounted
+    // as directories, so a renewed certificate replaced by rename reaches running replicas.
+    let owners: BTreeSet<String> = tls_files(proxy).into_iter().map(|f| f.owner).collect();
+    for owner in owners {
+        mounts.push(ro(
+            dirs.tls(&owner),
+            format!("{}/{owner}", layout::CONTAINER_TLS_DIR),
+        ));
     }
     mounts.sort();
     mounts.dedup();

@@ -630,6 +630,7 @@ fn observed_helpers_read_labels() {
             memory: None,
             restart_policy: RESTART_POLICY.into(),
         },
+        info: Default::default(),
     };
     assert!(o.is_managed());
     assert_eq!(o.proxy(), Some("edge"));
