@@ -19,6 +19,9 @@ use std::path::{Path, PathBuf};
 
 use crate::ir;
 
+pub use proxy::{DEFAULT_IMAGE, MAX_CONCURRENCY, MAX_REPLICAS};
+pub use routing::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
+
 /// The largest config file berth reads.
 pub const MAX_FILE_SIZE: u64 = 1024 * 1024;
 
@@ -123,11 +126,15 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         if !syntax.is_empty() {
             for e in syntax {
                 let span = e.span().unwrap_or(0..0);
-                cx.err(
-                    &span,
-                    "syntax",
-                    format!("invalid TOML: {}", e.message().trim()),
-                );
+                let mut msg = format!("invalid TOML: {}", e.message().trim());
+                if msg.ends_with("duplicate key") {
+                    let key = text.get(span.clone()).unwrap_or("");
+                    msg = format!(
+                        "{msg} {}; each key may appear once per table (use [[…]] for repeated tables)",
+                        check::show(key)
+                    );
+                }
+                cx.err(&span, "syntax", msg);
             }
             return Err(cx.finish());
         }
