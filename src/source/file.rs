@@ -9,18 +9,21 @@
 //! Field paths use the array index scheme everywhere: `proxy[1].listener[0].route[2].backend`;
 //! map keys that are not plain identifiers are quoted (`proxy[0].labels."a b"`).
 
+mod backend;
 mod check;
 mod doc;
+mod listener;
 mod proxy;
-mod routing;
+mod route;
+mod settings;
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use crate::ir;
 
+pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
 pub use proxy::{DEFAULT_IMAGE, MAX_CONCURRENCY, MAX_REPLICAS};
-pub use routing::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
 
 /// The largest config file berth reads.
 pub const MAX_FILE_SIZE: u64 = 1024 * 1024;
