@@ -1,4 +1,4 @@
-//! The top level and the proxy-wide settings (image, replicas, resources, logging, …).
+//! The top level and each proxy: name, namespace, image, replicas; host port bookkeeping.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -9,7 +9,7 @@ use crate::ir;
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Span, Tbl};
 use super::listener;
-use super::settings::*;
+use super::settings::{bootstrap, env, extra_args, labels, logging, resources, rollout, shutdown};
 
 /// The image used when a proxy names none.
 pub const DEFAULT_IMAGE: &str = "envoyproxy/envoy:v1.36.2";

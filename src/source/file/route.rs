@@ -89,6 +89,7 @@ fn route(cx: &mut Ctx, t: &Tbl, refs: &mut Vec<BackendRef>) -> ir::Route {
         None => ir::PathMatch::Prefix("/".to_string()),
     };
     let mut headers = Vec::new();
+    let mut seen = BTreeMap::new();
     if let Some(v) = t.get("headers") {
         for (k, val) in doc::string_map(cx, v, t.field("headers")).unwrap_or_default() {
             if let Err(m) = check::header_name(k.v) {
@@ -99,6 +100,9 @@ fn route(cx: &mut Ctx, t: &Tbl, refs: &mut Vec<BackendRef>) -> ir::Route {
                 val.err(cx, m);
                 continue;
             }
+            // Header names are case-insensitive: "X-A" and "x-a" are the same header.
+            let lower = Item::new(k.v.to_ascii_lowercase(), k.span.clone(), k.field.clone());
+            unique(cx, &mut seen, &lower, "header (case-insensitive)");
             headers.push(ir::HeaderMatch {
                 name: k.v.to_ascii_lowercase(),
                 value: val.v.to_string(),
