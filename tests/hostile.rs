@@ -83,3 +83,28 @@ fn unreadable_file_is_one_error_at_line_zero() {
         .to_string()
         .contains("does-not-exist.toml:0:0: file: cannot read"));
 }
+
+/// One-character deletions and substitutions (at every third position) of the examples either parses or fails with
+/// positioned, single-line errors; nothing panics.
+#[test]
+fn mutated_examples_never_panic() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples");
+    for name in ["quickstart.toml", "multi.toml", "tls.toml", "xds.toml"] {
+        let path = dir.join(name);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let chars: Vec<char> = text.chars().collect();
+        for i in (0..chars.len()).step_by(3) {
+            for replacement in [None, Some('"'), Some('\n'), Some('é')] {
+                let mut mutated: String = chars[..i].iter().collect();
+                mutated.extend(replacement);
+                mutated.extend(&chars[i + 1..]);
+                if let Err(errors) = file::parse(&path, &mutated) {
+                    for e in &errors.0 {
+                        assert!(e.line >= 1 && e.column >= 1, "{name} @{i}: {e}");
+                        assert!(!e.message.contains('\n'), "{name} @{i}: {e:?}");
+                    }
+                }
+            }
+        }
+    }
+}
