@@ -111,9 +111,18 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
     }
     let bytes = std::fs::read(path).map_err(|e| unreadable(format!("cannot read: {e}")))?;
     let text = String::from_utf8(bytes).map_err(|e| {
-        unreadable(format!(
-            "is not valid UTF-8 ({e}); TOML files must be UTF-8"
-        ))
+        // Point at the first invalid byte.
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let valid = std::str::from_utf8(valid).unwrap_or_default();
+        let line = valid.matches('\n').count() + 1;
+        let column = valid.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            line,
+            column,
+            field: "syntax".into(),
+            message: "invalid UTF-8; TOML files must be UTF-8 encoded".into(),
+        }])
     })?;
     parse(path, &text)
 }
@@ -141,7 +150,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
             }
             return Err(cx.finish());
         }
-        let root = doc::Tbl::root(&mut cx, root.get_ref(), root.span());
+        let root = doc::Tbl::root(root.get_ref(), root.span());
         (state_dir, infra) = proxy::root(&mut cx, &root);
     }
     if cx.has_errors() {

@@ -110,7 +110,7 @@ pub(super) struct Tbl<'t, 'i> {
 }
 
 impl<'t, 'i> Tbl<'t, 'i> {
-    pub fn root(_cx: &mut Ctx, table: &'t DeTable<'i>, span: Span) -> Tbl<'t, 'i> {
+    pub fn root(table: &'t DeTable<'i>, span: Span) -> Tbl<'t, 'i> {
         Tbl {
             table,
             span,
