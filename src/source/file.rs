@@ -1,1 +1,164 @@
-//! berth.toml → IR. TODO
+//! `berth.toml` → IR.
+//!
+//! The file is parsed into a spanned TOML document and walked by hand, so that every error
+//! carries the file, line, column and dotted field path (`proxy[0].listener[1].port`), and so
+//! that one bad item does not hide the errors in the others: all errors in a file are reported
+//! at once. A TOML syntax error stops the walk (the document is not trustworthy), but is still
+//! reported with its position.
+//!
+//! Field paths use the array index scheme everywhere: `proxy[1].listener[0].route[2].backend`;
+//! map keys that are not plain identifiers are quoted (`proxy[0].labels."a b"`).
+
+mod backend;
+mod check;
+mod doc;
+mod listener;
+mod proxy;
+mod route;
+mod settings;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use crate::ir;
+
+pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
+pub use proxy::{DEFAULT_IMAGE, MAX_CONCURRENCY, MAX_REPLICAS};
+
+/// The largest config file berth reads.
+pub const MAX_FILE_SIZE: u64 = 1024 * 1024;
+
+/// A parsed and validated `berth.toml`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    /// The file as given to [`load`] / [`parse`].
+    pub path: PathBuf,
+    /// `state_dir`, made absolute (relative paths are relative to the config file).
+    pub state_dir: Option<PathBuf>,
+    pub infra: ir::Infra,
+}
+
+/// One problem in a config file. `line` and `column` are 1-based (0 only when the file could not
+/// be read at all) and point at the offending value, or at the key when the key is the problem.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ConfigError {
+    pub file: PathBuf,
+    pub line: usize,
+    pub column: usize,
+    /// Dotted path such as `proxy[0].listener[1].port`; `syntax` for TOML syntax errors, `file`
+    /// when the file cannot be read.
+    pub field: String,
+    /// What is wrong and what is allowed. Never contains a newline.
+    pub message: String,
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}: {}",
+            self.file.display(),
+            self.line,
+            self.column,
+            self.field,
+            self.message
+        )
+    }
+}
+
+/// All problems found in a config file, in file order. Displayed one per line.
+#[derive(Debug)]
+pub struct ConfigErrors(pub Vec<ConfigError>);
+
+impl fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
+/// Reads and parses a config file.
+pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
+    let unreadable = |message: String| {
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            line: 0,
+            column: 0,
+            field: "file".into(),
+            message,
+        }])
+    };
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => {
+            return Err(unreadable(
+                "is a directory; expected a berth.toml file".into(),
+            ))
+        }
+        Ok(m) if m.len() > MAX_FILE_SIZE => {
+            return Err(unreadable(format!(
+                "is {} bytes; config files may be at most {MAX_FILE_SIZE} bytes",
+                m.len()
+            )))
+        }
+        _ => {}
+    }
+    let bytes = std::fs::read(path).map_err(|e| unreadable(format!("cannot read: {e}")))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        // Point at the first invalid byte.
+        let valid = &e.as_bytes()[..e.utf8_error().valid_up_to()];
+        let valid = std::str::from_utf8(valid).unwrap_or_default();
+        let line = valid.matches('\n').count() + 1;
+        let column = valid.rsplit('\n').next().unwrap_or("").chars().count() + 1;
+        ConfigErrors(vec![ConfigError {
+            file: path.to_path_buf(),
+            line,
+            column,
+            field: "syntax".into(),
+            message: "invalid UTF-8; TOML files must be UTF-8 encoded".into(),
+        }])
+    })?;
+    parse(path, &text)
+}
+
+/// Parses config text. `path` names the file in messages, and relative file paths inside
+/// (TLS certificates, bootstrap files, `state_dir`) are resolved against its directory.
+pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
+    let mut cx = doc::Ctx::new(path, text);
+    let state_dir;
+    let infra;
+    {
+        let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
+        if !syntax.is_empty() {
+            for e in syntax {
+                let span = e.span().unwrap_or(0..0);
+                let mut msg = format!("invalid TOML: {}", e.message().trim());
+                if msg.ends_with("duplicate key") {
+                    let key = text.get(span.clone()).unwrap_or("");
+                    msg = format!(
+                        "{msg} {}; each key may appear once per table (use [[…]] for repeated tables)",
+                        check::show(key)
+                    );
+                }
+                cx.err(&span, "syntax", msg);
+            }
+            return Err(cx.finish());
+        }
+        let root = doc::Tbl::root(root.get_ref(), root.span());
+        (state_dir, infra) = proxy::root(&mut cx, &root);
+    }
+    if cx.has_errors() {
+        return Err(cx.finish());
+    }
+    Ok(Config {
+        path: path.to_path_buf(),
+        state_dir,
+        infra,
+    })
+}

@@ -1,0 +1,297 @@
+//! Listeners and virtual hosts: standalone routing or xds mode, per proxy.
+
+use std::collections::BTreeMap;
+
+use crate::ir;
+
+use super::backend::{backend, pem, xds_server, BACKEND_KEYS};
+use super::check::{self, show};
+use super::doc::{self, Ctx, Item, Span, Tbl};
+use super::proxy::{name, unique, Ports};
+use super::route::routes;
+
+const LISTENER_KEYS: &[&str] = &[
+    "name",
+    "port",
+    "protocol",
+    "tls",
+    "route",
+    "virtual_host",
+    "backend",
+];
+const VHOST_KEYS: &[&str] = &["name", "domains", "route"];
+/// A backend named by a route or a tcp listener, checked once the proxy's backends are known.
+pub(super) struct BackendRef {
+    pub name: Item<String>,
+}
+
+pub(super) fn routing(
+    cx: &mut Ctx,
+    p: &Tbl,
+    ports: &mut Ports,
+) -> (Vec<ir::ProxyListener>, ir::Routing) {
+    let xds = p.get("xds").is_some();
+    let listeners = p.tables(cx, "listener", LISTENER_KEYS);
+    let mut names = BTreeMap::new();
+    let mut refs = Vec::new();
+    let mut proxy_listeners = Vec::new();
+    let mut routings = Vec::new();
+    for l in &listeners {
+        let (pl, lr) = listener(cx, l, xds, ports, &mut names, &mut refs);
+        proxy_listeners.push(pl);
+        routings.extend(lr);
+    }
+    if xds {
+        if p.get("backend").is_some() {
+            cx.err(
+                &p.key_span("backend"),
+                &p.field("backend"),
+                "backends are not allowed in xds mode (Envoy Gateway provides clusters); remove [[proxy.backend]] or [proxy.xds]",
+            );
+        }
+        let server = xds_server(cx, p);
+        return (proxy_listeners, ir::Routing::Xds(server));
+    }
+    if listeners.is_empty() && p.get("listener").is_none() {
+        cx.err(
+            &p.span,
+            &p.field("listener"),
+            "a proxy needs at least one listener: add [[proxy.listener]] with name, port and protocol (or use [proxy.xds])",
+        );
+    }
+    let mut backend_names = BTreeMap::new();
+    let backends: Vec<ir::Backend> = p
+        .tables(cx, "backend", BACKEND_KEYS)
+        .iter()
+        .map(|b| backend(cx, b, &mut backend_names))
+        .collect();
+    for r in refs {
+        if r.name.v.is_empty() || backend_names.contains_key(&r.name.v) {
+            continue;
+        }
+        let defined: Vec<&str> = backend_names.keys().map(String::as_str).collect();
+        let msg = if defined.is_empty() {
+            format!(
+                "unknown backend {}: this proxy defines no backends; add a [[proxy.backend]] with that name",
+                show(&r.name.v)
+            )
+        } else {
+            format!(
+                "unknown backend {}; defined backends in this proxy: {}",
+                show(&r.name.v),
+                defined.join(", ")
+            )
+        };
+        r.name.err(cx, msg);
+    }
+    let standalone = ir::Standalone {
+        listeners: routings,
+        backends,
+    };
+    (proxy_listeners, ir::Routing::Standalone(standalone))
+}
+
+fn listener(
+    cx: &mut Ctx,
+    t: &Tbl,
+    xds: bool,
+    ports: &mut Ports,
+    names: &mut BTreeMap<String, Span>,
+    refs: &mut Vec<BackendRef>,
+) -> (ir::ProxyListener, Option<ir::ListenerRouting>) {
+    let name = name(cx, t, "web");
+    unique(cx, names, &name, "listener");
+    let port = match t.require(cx, "port", "1–65535") {
+        Some(v) => doc::int(cx, v, t.field("port"), 1, 65535),
+        None => None,
+    };
+    if let Some(p) = &port {
+        ports.claim(cx, p);
+    }
+    let port = port.map_or(0, |p| p.v as u16);
+    let protocol = match t.str(cx, "protocol") {
+        None => "http",
+        Some(s) => match s.v {
+            "http" | "https" | "tcp" => s.v,
+            other => {
+                s.err(
+                    cx,
+                    format!("must be one of http, https, tcp; got {}", show(other)),
+                );
+                "http"
+            }
+        },
+    };
+    let mut ir_protocol = match protocol {
+        "https" => ir::Protocol::Https,
+        "tcp" => ir::Protocol::Tcp,
+        _ => ir::Protocol::Http,
+    };
+    let mut routing = None;
+    if xds {
+        for key in ["tls", "route", "virtual_host", "backend"] {
+            if t.get(key).is_some() {
+                cx.err(
+                    &t.key_span(key),
+                    &t.field(key),
+                    "not allowed in xds mode: Envoy Gateway provides routes, backends and TLS; a listener has only name, port and protocol",
+                );
+            }
+        }
+    } else {
+        let tls = t.sub(cx, "tls", &["cert_file", "key_file"]).map(|tls| {
+            let cert_file = pem(cx, &tls, "cert_file", "CERTIFICATE");
+            let key_file = pem(cx, &tls, "key_file", "PRIVATE KEY");
+            ir::TlsFiles {
+                cert_file,
+                key_file,
+            }
+        });
+        let traffic = if protocol == "tcp" {
+            for key in ["route", "virtual_host"] {
+                if t.get(key).is_some() {
+                    cx.err(
+                        &t.key_span(key),
+                        &t.field(key),
+                        "a tcp listener forwards to one backend (backend = \"name\"); routes need protocol = \"http\" or \"https\"",
+                    );
+                }
+            }
+            if tls.is_some() {
+                ir_protocol = ir::Protocol::Tls;
+            }
+            let backend =
+                match t.req_str(cx, "backend", "the backend this tcp listener forwards to") {
+                    Some(b) => {
+                        let item = Item::new(b.v.to_string(), b.span, b.field);
+                        refs.push(BackendRef { name: item });
+                        b.v.to_string()
+                    }
+                    None => String::new(),
+                };
+            ir::Traffic::Tcp { backend }
+        } else {
+            if protocol == "http" && tls.is_some() {
+                cx.err(
+                    &t.key_span("tls"),
+                    &t.field("tls"),
+                    "TLS termination needs protocol = \"https\" (or \"tcp\" for TLS over TCP)",
+                );
+            }
+            if protocol == "https" && tls.is_none() {
+                cx.err(
+                    &t.span,
+                    &t.field("tls"),
+                    "an https listener needs tls = { cert_file = \"cert.pem\", key_file = \"key.pem\" }",
+                );
+            }
+            if t.get("backend").is_some() {
+                cx.err(
+                    &t.key_span("backend"),
+                    &t.field("backend"),
+                    "backend on a listener is for protocol = \"tcp\"; http listeners forward with [[proxy.listener.route]] backend = \"name\"",
+                );
+            }
+            ir::Traffic::Http {
+                virtual_hosts: virtual_hosts(cx, t, &name.v, refs),
+            }
+        };
+        routing = Some(ir::ListenerRouting {
+            listener: name.v.clone(),
+            tls,
+            traffic,
+        });
+    }
+    let proto_name = format!("{ir_protocol:?}").to_lowercase();
+    let pl = ir::ProxyListener {
+        name: name.v,
+        ports: vec![ir::ListenerPort {
+            name: format!("{proto_name}-{port}"),
+            protocol: ir_protocol,
+            service_port: port,
+            container_port: port,
+        }],
+    };
+    (pl, routing)
+}
+
+fn virtual_hosts(
+    cx: &mut Ctx,
+    l: &Tbl,
+    listener: &str,
+    refs: &mut Vec<BackendRef>,
+) -> Vec<ir::VirtualHost> {
+    let has_routes = l.get("route").is_some();
+    let has_vhosts = l.get("virtual_host").is_some();
+    if has_routes && has_vhosts {
+        cx.err(
+            &l.key_span("virtual_host"),
+            &l.field("virtual_host"),
+            "use either routes directly under the listener or virtual hosts, not both; put catch-all routes in a virtual_host with domains = [\"*\"]",
+        );
+    }
+    if !has_routes && !has_vhosts {
+        cx.err(
+            &l.span,
+            &l.field("route"),
+            "an http listener needs at least one route: add [[proxy.listener.route]] (or [[proxy.listener.virtual_host]])",
+        );
+        return Vec::new();
+    }
+    if has_routes {
+        let routes = routes(cx, l, refs);
+        return vec![ir::VirtualHost {
+            name: listener.to_string(),
+            domains: vec!["*".to_string()],
+            routes,
+        }];
+    }
+    let mut names = BTreeMap::new();
+    let mut domains_seen: BTreeMap<String, Span> = BTreeMap::new();
+    let mut out = Vec::new();
+    for v in l.tables(cx, "virtual_host", VHOST_KEYS) {
+        let name = name(cx, &v, "api");
+        unique(cx, &mut names, &name, "virtual host");
+        let mut domains = Vec::new();
+        if v.require(cx, "domains", "an array like [\"api.example.com\"]")
+            .is_some()
+        {
+            if let Some((items, span, field)) = v.array(cx, "domains") {
+                if items.is_empty() {
+                    cx.err(
+                        &span,
+                        &field,
+                        "must list at least one domain, e.g. [\"api.example.com\"] or [\"*\"]",
+                    );
+                }
+                for (i, d) in items.iter().enumerate() {
+                    let Some(d) = doc::string(cx, d, format!("{field}[{i}]")) else {
+                        continue;
+                    };
+                    if let Err(m) = check::domain(d.v) {
+                        d.err(cx, m);
+                        continue;
+                    }
+                    let key = d.v.to_ascii_lowercase();
+                    if let Some(first) = domains_seen.get(&key) {
+                        let (line, col) = cx.position(first.start);
+                        d.err(cx, format!("domain {} already appears at line {line}, column {col}; each domain may appear once per listener", show(d.v)));
+                        continue;
+                    }
+                    domains_seen.insert(key, d.span.clone());
+                    domains.push(d.v.to_string());
+                }
+            }
+        }
+        if v.get("route").is_none() {
+            cx.err(&v.span, &v.field("route"), "a virtual host needs at least one route: add [[proxy.listener.virtual_host.route]]");
+        }
+        let routes = routes(cx, &v, refs);
+        out.push(ir::VirtualHost {
+            name: name.v,
+            domains,
+            routes,
+        });
+    }
+    out
+}

@@ -1,0 +1,250 @@
+//! The top level and each proxy: name, namespace, image, replicas; host port bookkeeping.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::ir;
+
+use super::check::{self, show};
+use super::doc::{self, Ctx, Item, Span, Tbl};
+use super::listener;
+use super::settings::{bootstrap, env, extra_args, labels, logging, resources, rollout, shutdown};
+
+/// The image used when a proxy names none.
+pub const DEFAULT_IMAGE: &str = "envoyproxy/envoy:v1.36.2";
+pub const MAX_REPLICAS: i64 = 32;
+pub const MAX_CONCURRENCY: i64 = 128;
+/// Envoy does not run in less.
+pub const MIN_MEMORY: u64 = 32 << 20;
+
+const ROOT_KEYS: &[&str] = &["state_dir", "proxy"];
+const PROXY_KEYS: &[&str] = &[
+    "name",
+    "namespace",
+    "image",
+    "replicas",
+    "concurrency",
+    "log_level",
+    "labels",
+    "annotations",
+    "env",
+    "extra_args",
+    "resources",
+    "shutdown",
+    "rollout",
+    "bootstrap",
+    "listener",
+    "backend",
+    "xds",
+];
+pub(super) struct Ports(Vec<(u16, String, Span)>);
+
+impl Ports {
+    pub fn claim(&mut self, cx: &mut Ctx, port: &Item<i64>) {
+        let p = port.v as u16;
+        if let Some((_, field, span)) = self.0.iter().find(|(q, _, _)| *q == p) {
+            let (line, col) = cx.position(span.start);
+            port.err(
+                cx,
+                format!("port {p} is already used by {field} (line {line}, column {col}); each listener on the host needs its own port"),
+            );
+        } else {
+            self.0.push((p, port.field.clone(), port.span.clone()));
+        }
+    }
+}
+
+pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, ir::Infra) {
+    t.check_keys(cx, ROOT_KEYS);
+    let state_dir = t.str(cx, "state_dir").and_then(|s| {
+        if s.v.is_empty() {
+            s.err(cx, "must be a directory path, got an empty string");
+            return None;
+        }
+        if let Err(m) = check::plain(s.v, 4096) {
+            s.err(cx, m);
+            return None;
+        }
+        Some(cx.resolve(s.v))
+    });
+    let proxies = t.tables(cx, "proxy", PROXY_KEYS);
+    let none = match t.get("proxy") {
+        None => true,
+        Some(v) => v.get_ref().as_array().is_some_and(|a| a.is_empty()),
+    };
+    if none {
+        cx.err(
+            &(0..0),
+            "proxy",
+            "no proxies defined; add at least one [[proxy]] table with a name and a listener",
+        );
+    }
+    let mut ports = Ports(Vec::new());
+    let mut names: BTreeMap<String, Span> = BTreeMap::new();
+    let mut infra = ir::Infra::default();
+    for p in &proxies {
+        let proxy = proxy(cx, p, &mut ports, &mut names);
+        infra.proxies.push(proxy);
+    }
+    (state_dir, infra)
+}
+
+/// Reports a duplicate name (first occurrence wins); `what` is e.g. "proxy".
+pub(super) fn unique(
+    cx: &mut Ctx,
+    seen: &mut BTreeMap<String, Span>,
+    name: &Item<String>,
+    what: &str,
+) {
+    if name.v.is_empty() {
+        return;
+    }
+    if let Some(first) = seen.get(&name.v) {
+        let (line, col) = cx.position(first.start);
+        name.err(
+            cx,
+            format!("duplicate {what} name {}; first defined at line {line}, column {col}; names must be unique", show(&name.v)),
+        );
+    } else {
+        seen.insert(name.v.clone(), name.span.clone());
+    }
+}
+
+/// A required DNS-label `name`.
+pub(super) fn name(cx: &mut Ctx, t: &Tbl, example: &str) -> Item<String> {
+    let what = format!("a DNS label like \"{example}\"");
+    match t.req_str(cx, "name", &what) {
+        Some(n) => {
+            if let Err(m) = check::dns_label(n.v) {
+                n.err(cx, m);
+            }
+            Item::new(n.v.to_string(), n.span, n.field)
+        }
+        None => Item::new(String::new(), t.span.clone(), t.field("name")),
+    }
+}
+
+fn proxy(
+    cx: &mut Ctx,
+    t: &Tbl,
+    ports: &mut Ports,
+    names: &mut BTreeMap<String, Span>,
+) -> ir::ProxyInfra {
+    let name = name(cx, t, "edge");
+    unique(cx, names, &name, "proxy");
+    let namespace = match t.str(cx, "namespace") {
+        Some(n) => {
+            if let Err(m) = check::dns_label(n.v) {
+                n.err(cx, m);
+            }
+            n.v.to_string()
+        }
+        None => "default".to_string(),
+    };
+    let image = match t.str(cx, "image") {
+        Some(i) => {
+            if let Err(m) = image_ref(i.v) {
+                i.err(cx, m);
+            }
+            i.v.to_string()
+        }
+        None => DEFAULT_IMAGE.to_string(),
+    };
+    let replicas = t
+        .int(cx, "replicas", 1, MAX_REPLICAS)
+        .map_or(1, |r| r.v as u32);
+    let concurrency = t
+        .int(cx, "concurrency", 1, MAX_CONCURRENCY)
+        .map(|c| c.v as u32);
+    let config = ir::EnvoyProxy {
+        image,
+        replicas,
+        resources: resources(cx, t),
+        env: env(cx, t),
+        concurrency,
+        extra_args: extra_args(cx, t),
+        logging: logging(cx, t),
+        shutdown: shutdown(cx, t),
+        bootstrap: bootstrap(cx, t),
+    };
+    let metadata = ir::InfraMetadata {
+        labels: labels(cx, t, "labels"),
+        annotations: labels(cx, t, "annotations"),
+    };
+    let rollout = rollout(cx, t);
+    let (listeners, routing) = listener::routing(cx, t, ports);
+    ir::ProxyInfra {
+        metadata,
+        name: name.v,
+        namespace,
+        config,
+        listeners,
+        addresses: Vec::new(),
+        rollout,
+        routing,
+    }
+}
+
+/// A Docker image reference: `[registry/]repo[:tag][@digest]`.
+fn image_ref(s: &str) -> Result<(), String> {
+    let allowed = "must be a Docker image reference like \"envoyproxy/envoy:v1.36.2\" (lowercase repository; letters, digits and ._-/:@ only)";
+    let ok_chars = s
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || "._-/:@".contains(c));
+    let first_ok = s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric());
+    if !ok_chars || !first_ok || s.len() > 255 {
+        return Err(format!("{allowed}; got {}", show(s)));
+    }
+    let without_digest = s.split('@').next().unwrap_or(s);
+    let repo = match without_digest.rsplit_once(':') {
+        Some((r, tag)) if !tag.contains('/') => r,
+        _ => without_digest,
+    };
+    // The registry host may carry a port; the path must be lowercase.
+    let path = repo.split_once('/').map_or(repo, |(_, p)| p);
+    if path.chars().any(|c| c.is_ascii_uppercase()) || repo.is_empty() {
+        return Err(format!("{allowed}; got {}", show(s)));
+    }
+    Ok(())
+}
+
+/// An optional duration field. `allow_zero` false rejects "0s".
+pub(super) fn duration(
+    cx: &mut Ctx,
+    t: &Tbl,
+    key: &str,
+    default: Duration,
+    allow_zero: bool,
+) -> Duration {
+    let Some(v) = t.get(key) else {
+        return default;
+    };
+    let field = t.field(key);
+    let Some(s) = v.get_ref().as_str() else {
+        cx.err(
+            &v.span(),
+            &field,
+            format!(
+                "must be a duration string like \"5s\", \"500ms\" or \"1m30s\", got {}",
+                doc::kind(v.get_ref())
+            ),
+        );
+        return default;
+    };
+    match check::duration(s) {
+        Ok(d) if d.is_zero() && !allow_zero => {
+            cx.err(
+                &v.span(),
+                &field,
+                format!("must be longer than 0s, got {}", show(s)),
+            );
+            default
+        }
+        Ok(d) => d,
+        Err(m) => {
+            cx.err(&v.span(), &field, m);
+            default
+        }
+    }
+}
