@@ -35,7 +35,13 @@ Exit codes: 0 success, 1 runtime failure, 2 bad input (config or arguments).";
 #[command(name = "berth", version, about = ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
     /// The config file.
-    #[arg(short = 'f', long = "file", global = true, default_value = "berth.toml", env = "BERTH_CONFIG")]
+    #[arg(
+        short = 'f',
+        long = "file",
+        global = true,
+        default_value = "berth.toml",
+        env = "BERTH_CONFIG"
+    )]
     pub file: PathBuf,
 
     /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
@@ -196,7 +202,10 @@ fn selected<'a>(targets: &'a [Target], proxy: Option<&str>) -> Result<Vec<&'a Ta
             let found: Vec<&Target> = targets.iter().filter(|t| t.name() == name).collect();
             if found.is_empty() {
                 let known: Vec<&str> = targets.iter().map(|t| t.name()).collect();
-                bail!("no proxy named {name:?} in the config; it has: {}", known.join(", "));
+                bail!(
+                    "no proxy named {name:?} in the config; it has: {}",
+                    known.join(", ")
+                );
             }
             Ok(found)
         }
@@ -244,7 +253,9 @@ fn render(cli: &Cli, proxy: Option<&str>) -> Result<()> {
 async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     let config = load(cli)?;
     // Render against a scratch state directory: validation must not touch the real one.
-    let scratch = tempfile::Builder::new().prefix("berth-validate-").tempdir()?;
+    let scratch = tempfile::Builder::new()
+        .prefix("berth-validate-")
+        .tempdir()?;
     let targets = desired::targets(
         &config.infra,
         &renderer(cli)?,
@@ -253,7 +264,10 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     )?;
     let proxies = targets.len();
     if no_envoy {
-        println!("{}: config is valid ({proxies} proxies)", cli.file.display());
+        println!(
+            "{}: config is valid ({proxies} proxies)",
+            cli.file.display()
+        );
         return Ok(());
     }
     let engine = match Engine::connect().await {
@@ -294,7 +308,11 @@ fn container_labels(cli: &Cli) -> BTreeMap<String, String> {
 
 /// The containers this berth (this state directory) is responsible for: those of proxies in
 /// the config or with state on disk. Other berth containers on the host are left alone.
-fn owned(observed: Vec<ObservedContainer>, config_proxies: &BTreeSet<String>, state: &StateDir) -> Result<Vec<ObservedContainer>> {
+fn owned(
+    observed: Vec<ObservedContainer>,
+    config_proxies: &BTreeSet<String>,
+    state: &StateDir,
+) -> Result<Vec<ObservedContainer>> {
     let mut known = config_proxies.clone();
     known.extend(state.proxies()?);
     Ok(observed
@@ -306,7 +324,12 @@ fn owned(observed: Vec<ObservedContainer>, config_proxies: &BTreeSet<String>, st
 async fn diff(cli: &Cli) -> Result<()> {
     let config = load(cli)?;
     let state_path = state_dir(cli, Some(&config));
-    let targets = desired::targets(&config.infra, &renderer(cli)?, &state_path, desired::host_cpus())?;
+    let targets = desired::targets(
+        &config.infra,
+        &renderer(cli)?,
+        &state_path,
+        desired::host_cpus(),
+    )?;
     let engine = Engine::connect().await?;
     let state = StateDir::at(&state_path);
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
@@ -342,7 +365,12 @@ async fn diff(cli: &Cli) -> Result<()> {
 async fn up(cli: &Cli, force: bool) -> Result<()> {
     let config = load(cli)?;
     let state_path = state_dir(cli, Some(&config));
-    let targets = desired::targets(&config.infra, &renderer(cli)?, &state_path, desired::host_cpus())?;
+    let targets = desired::targets(
+        &config.infra,
+        &renderer(cli)?,
+        &state_path,
+        desired::host_cpus(),
+    )?;
     preflight::check_memory(&config.infra, force)?;
     let engine = Engine::connect().await?;
     let state = StateDir::open(&state_path)?;
@@ -385,10 +413,18 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
     let observed = owned(engine.observe().await?, &names, &state)?;
     let mut proxies: BTreeSet<String> = names.clone();
     proxies.extend(state.proxies()?);
-    proxies.extend(observed.iter().filter_map(|c| c.proxy().map(str::to_string)));
+    proxies.extend(
+        observed
+            .iter()
+            .filter_map(|c| c.proxy().map(str::to_string)),
+    );
     if let Some(p) = proxy {
         if !proxies.contains(p) {
-            bail!("no proxy named {p:?} is known here (config {}, state {})", cli.file.display(), state_path.display());
+            bail!(
+                "no proxy named {p:?} is known here (config {}, state {})",
+                cli.file.display(),
+                state_path.display()
+            );
         }
         proxies = BTreeSet::from([p.to_string()]);
     }
@@ -406,7 +442,16 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         let policy = ir.map(|p| p.rollout.clone()).unwrap_or_default();
         for c in observed.iter().filter(|c| c.proxy() == Some(name.as_str())) {
             rollout
-                .retire(name, &plan::ContainerRef { id: c.id.clone(), name: c.name.clone() }, &observed, &shutdown, &policy)
+                .retire(
+                    name,
+                    &plan::ContainerRef {
+                        id: c.id.clone(),
+                        name: c.name.clone(),
+                    },
+                    &observed,
+                    &shutdown,
+                    &policy,
+                )
                 .await
                 .with_context(|| format!("removing {}", c.name))?;
             removed += 1;
@@ -417,7 +462,10 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
     }
     drop(reporter);
     if !cli.quiet && cli.output == Output::Table {
-        println!("removed {removed} replica(s) of {} proxy(ies)", proxies.len());
+        println!(
+            "removed {removed} replica(s) of {} proxy(ies)",
+            proxies.len()
+        );
     }
     Ok(())
 }
@@ -436,7 +484,11 @@ async fn show_status(cli: &Cli) -> Result<()> {
     if cli.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if rows.is_empty() {
-        println!("no replicas (config {}, state {})", cli.file.display(), state_path.display());
+        println!(
+            "no replicas (config {}, state {})",
+            cli.file.display(),
+            state_path.display()
+        );
     } else {
         println!("{}", status::table(&rows));
     }

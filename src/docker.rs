@@ -43,8 +43,8 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use crate::layout;
 use crate::spec::{
-    LiveSettings, Mount, ContainerInfo, ObservedContainer, ReplicaContainer, RunState, LABEL_MANAGED_BY,
-    MANAGED_BY_VALUE,
+    ContainerInfo, LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState,
+    LABEL_MANAGED_BY, MANAGED_BY_VALUE,
 };
 
 /// The UID every replica runs as (see the module docs).

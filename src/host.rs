@@ -63,7 +63,9 @@ mod tests {
         let path = dir.path().join("tcp_migrate_req");
         fs::write(&path, "0\n").unwrap();
         assert!(matches!(check(&path, false, true), MigrateReq::Off(m) if m.contains("sysctl -w")));
-        assert!(matches!(check(&path, true, false), MigrateReq::Off(m) if m.contains("not running as root")));
+        assert!(
+            matches!(check(&path, true, false), MigrateReq::Off(m) if m.contains("not running as root"))
+        );
         assert_eq!(check(&path, true, true), MigrateReq::Set);
         assert_eq!(check(&path, true, true), MigrateReq::On);
         assert_eq!(

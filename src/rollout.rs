@@ -106,9 +106,18 @@ impl Rollout<'_> {
             .filter(|a| !targets.iter().any(|t| t.name() == a.proxy()))
             .collect();
         for action in strays {
-            if let Action::Remove { proxy, container, .. } = action {
-                self.retire(proxy, container, observed, &Shutdown::default(), &RolloutPolicy::default())
-                    .await?;
+            if let Action::Remove {
+                proxy, container, ..
+            } = action
+            {
+                self.retire(
+                    proxy,
+                    container,
+                    observed,
+                    &Shutdown::default(),
+                    &RolloutPolicy::default(),
+                )
+                .await?;
             }
         }
         for gone in self.state.proxies()? {
@@ -134,7 +143,8 @@ impl Rollout<'_> {
             .any(|a| matches!(a, Action::Create { .. } | Action::Replace { .. }));
         let tampered = self.tampered_bootstrap(desired, observed);
         let image_id = if needs_new || !tampered.is_empty() {
-            self.reporter.waiting(format!("{name}: image {}", desired.spec.image));
+            self.reporter
+                .waiting(format!("{name}: image {}", desired.spec.image));
             let id = self
                 .engine
                 .ensure_image(&desired.spec.image, self.reporter.shows_progress())
@@ -156,19 +166,28 @@ impl Rollout<'_> {
         let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
         for action in actions {
             match action {
-                Action::Create { slot, name: new_name, .. } => {
+                Action::Create {
+                    slot,
+                    name: new_name,
+                    ..
+                } => {
                     self.start_replica(desired, *slot, new_name, &image_id, policy)
                         .await
                         .map_err(anyhow::Error::new)?;
                 }
-                Action::Start { slot, container, .. } => {
+                Action::Start {
+                    slot, container, ..
+                } => {
                     self.engine.start(&container.id).await?;
                     let run_name = run_dir_name(container, observed);
                     self.gate(name, *slot, &container.id, &run_name, policy)
                         .await
                         .map_err(anyhow::Error::new)?;
-                    self.reporter
-                        .event(Event::new(name, "started").slot(*slot).container(&container.name));
+                    self.reporter.event(
+                        Event::new(name, "started")
+                            .slot(*slot)
+                            .container(&container.name),
+                    );
                 }
                 Action::Replace {
                     slot,
@@ -198,7 +217,8 @@ impl Rollout<'_> {
                             replaced.push((*slot, new_name.clone(), old_hash));
                         }
                         Err(mut failure) => {
-                            failure.aftermath = self.after_failure(target, &replaced, observed).await;
+                            failure.aftermath =
+                                self.after_failure(target, &replaced, observed).await;
                             return Err(anyhow::Error::new(failure));
                         }
                     }
@@ -211,7 +231,8 @@ impl Rollout<'_> {
                             .container(&container.name)
                             .message(reason.to_string()),
                     );
-                    self.retire(name, container, observed, shutdown, policy).await?;
+                    self.retire(name, container, observed, shutdown, policy)
+                        .await?;
                 }
             }
         }
@@ -239,7 +260,8 @@ impl Rollout<'_> {
             self.start_replica(desired, slot, &new_name, &image_id, policy)
                 .await
                 .map_err(anyhow::Error::new)?;
-            self.retire(name, &old_ref, observed, shutdown, policy).await?;
+            self.retire(name, &old_ref, observed, shutdown, policy)
+                .await?;
         }
         self.prune(target).await?;
         Ok(())
@@ -256,9 +278,15 @@ impl Rollout<'_> {
     }
 
     /// Running replicas of the current spec whose bootstrap file differs on disk.
-    fn tampered_bootstrap(&self, desired: &DesiredProxy, observed: &[ObservedContainer]) -> Vec<String> {
+    fn tampered_bootstrap(
+        &self,
+        desired: &DesiredProxy,
+        observed: &[ObservedContainer],
+    ) -> Vec<String> {
         let proxy = &desired.spec.proxy;
-        let on_disk = self.state.read_generation(proxy, &desired.spec.bootstrap_sha256);
+        let on_disk = self
+            .state
+            .read_generation(proxy, &desired.spec.bootstrap_sha256);
         let intact = on_disk
             .map(|text| spec::sha256_hex(text.as_bytes()) == desired.spec.bootstrap_sha256)
             .unwrap_or(false);
@@ -281,7 +309,8 @@ impl Rollout<'_> {
     pub async fn validate_target(&self, target: &Target) -> Result<()> {
         let name = target.name();
         self.copy_tls(target)?;
-        self.reporter.waiting(format!("{name}: envoy --mode validate"));
+        self.reporter
+            .waiting(format!("{name}: envoy --mode validate"));
         let dir = tempfile::Builder::new()
             .prefix("berth-validate-")
             .tempdir_in(self.state.root())
@@ -289,13 +318,20 @@ impl Rollout<'_> {
         let bootstrap = render::validation_bootstrap(&target.rendered)?;
         let path = dir.path().join(crate::layout::BOOTSTRAP_FILE);
         crate::state::write_atomic(&path, bootstrap.as_bytes(), 0o644)?;
-        std::fs::set_permissions(dir.path(), std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )?;
         let mut mounts: Vec<spec::Mount> = target
             .desired
             .spec
             .mounts
             .iter()
-            .filter(|m| m.target != crate::layout::CONTAINER_BOOTSTRAP_DIR)
+            // The validation bootstrap inlines the watched files, so only TLS is mounted.
+            .filter(|m| {
+                m.target != crate::layout::CONTAINER_BOOTSTRAP_DIR
+                    && m.target != crate::layout::CONTAINER_XDS_DIR
+            })
             .cloned()
             .collect();
         mounts.push(spec::Mount {
@@ -317,14 +353,17 @@ impl Rollout<'_> {
                     target.desired.spec.image
                 )
             })?;
-        self.reporter.event(Event::new(name, "validated").message(&target.desired.spec.image));
+        self.reporter
+            .event(Event::new(name, "validated").message(&target.desired.spec.image));
         Ok(())
     }
 
     /// Copies the TLS files the replicas (and validation) mount.
     fn copy_tls(&self, target: &Target) -> Result<()> {
         let name = target.name();
-        let tls = self.state.write_tls(name, &spec::tls_files(&target.proxy))?;
+        let tls = self
+            .state
+            .write_tls(name, &spec::tls_files(&target.proxy))?;
         if !tls.is_empty() {
             self.reporter
                 .event(Event::new(name, "files").message(format!("copied {}", tls.join(", "))));
@@ -369,16 +408,25 @@ impl Rollout<'_> {
             aftermath: String::new(),
         };
         let replica = ReplicaContainer::new(desired, slot, name, image_id, self.state.root());
-        self.reporter.waiting(format!("{proxy}/{slot}: starting {name}"));
+        self.reporter
+            .waiting(format!("{proxy}/{slot}: starting {name}"));
         let started = Instant::now();
-        let id = match self.engine.create_replica(&replica, &self.extra_labels).await {
+        let id = match self
+            .engine
+            .create_replica(&replica, &self.extra_labels)
+            .await
+        {
             Ok(id) => id,
             Err(e) => return Err(failure(Gate::Start, format!("{e:#}"))),
         };
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self.gate(proxy, slot, &id, name, policy).await {
-            f.log_tail = self.engine.logs_tail(&id, LOG_LINES).await.unwrap_or_default();
+            f.log_tail = self
+                .engine
+                .logs_tail(&id, LOG_LINES)
+                .await
+                .unwrap_or_default();
             let _ = self.engine.remove(&id).await;
             let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(name));
             self.reporter.event(
@@ -419,7 +467,7 @@ impl Rollout<'_> {
             aftermath: String::new(),
         };
         let deadline = Instant::now() + policy.startup_deadline;
-        let mut last = String::from("admin socket not up yet");
+        let mut last: String;
         loop {
             match self.engine.state(id).await {
                 Ok(Some(RunState::Running)) => {}
@@ -478,14 +526,24 @@ impl Rollout<'_> {
         policy: &RolloutPolicy,
     ) -> Result<()> {
         let run_name = run_dir_name(container, observed);
-        let running = matches!(self.engine.state(&container.id).await?, Some(RunState::Running));
+        let running = matches!(
+            self.engine.state(&container.id).await?,
+            Some(RunState::Running)
+        );
         if running {
             let admin = Admin::new(self.state.proxy(proxy).admin_socket(&run_name));
             self.reporter
                 .event(Event::new(proxy, "draining").container(&container.name));
-            if drain(&admin, shutdown, policy, self.reporter, proxy, &container.name)
-                .await
-                .is_err()
+            if drain(
+                &admin,
+                shutdown,
+                policy,
+                self.reporter,
+                proxy,
+                &container.name,
+            )
+            .await
+            .is_err()
             {
                 self.reporter.event(
                     Event::new(proxy, "drain-skipped")
@@ -523,7 +581,9 @@ impl Rollout<'_> {
         let mut notes = Vec::new();
         for (slot, new_name, old_hash) in replaced.iter().rev() {
             let Some(previous) = self.state.read_spec(name, old_hash) else {
-                notes.push(format!("slot {slot}: previous spec {old_hash} is not recorded; left on the new spec"));
+                notes.push(format!(
+                    "slot {slot}: previous spec {old_hash} is not recorded; left on the new spec"
+                ));
                 continue;
             };
             let image_id = match self.engine.ensure_image(&previous.spec.image, false).await {
@@ -536,7 +596,13 @@ impl Rollout<'_> {
             // Never roll back a rollback: a failure here is reported, not retried.
             let back_name = fresh_name(&previous, *slot, observed);
             match self
-                .start_replica(&previous, *slot, &back_name, &image_id, &target.proxy.rollout)
+                .start_replica(
+                    &previous,
+                    *slot,
+                    &back_name,
+                    &image_id,
+                    &target.proxy.rollout,
+                )
                 .await
             {
                 Ok(_) => {
@@ -547,14 +613,29 @@ impl Rollout<'_> {
                             name: c.name.clone(),
                         };
                         let _ = self
-                            .retire(name, &r, observed, &target.proxy.config.shutdown, &target.proxy.rollout)
+                            .retire(
+                                name,
+                                &r,
+                                observed,
+                                &target.proxy.config.shutdown,
+                                &target.proxy.rollout,
+                            )
                             .await;
                     }
-                    self.reporter
-                        .event(Event::new(name, "rolled-back").slot(*slot).message(old_hash.clone()));
-                    notes.push(format!("slot {slot}: rolled back to spec {}", spec::short_hash(old_hash)));
+                    self.reporter.event(
+                        Event::new(name, "rolled-back")
+                            .slot(*slot)
+                            .message(old_hash.clone()),
+                    );
+                    notes.push(format!(
+                        "slot {slot}: rolled back to spec {}",
+                        spec::short_hash(old_hash)
+                    ));
                 }
-                Err(f) => notes.push(format!("slot {slot}: rollback failed too ({}); left as is", f.reason)),
+                Err(f) => notes.push(format!(
+                    "slot {slot}: rollback failed too ({}); left as is",
+                    f.reason
+                )),
             }
         }
         format!("rolled back the replaced replicas: {}", notes.join("; "))
@@ -564,7 +645,8 @@ impl Rollout<'_> {
     async fn prune(&self, target: &Target) -> Result<()> {
         let name = target.name();
         let current = self.engine.observe().await?;
-        let mine: Vec<&ObservedContainer> = current.iter().filter(|c| c.proxy() == Some(name)).collect();
+        let mine: Vec<&ObservedContainer> =
+            current.iter().filter(|c| c.proxy() == Some(name)).collect();
         let hashes: BTreeSet<String> = mine
             .iter()
             .filter_map(|c| c.spec_hash().map(str::to_string))
@@ -607,14 +689,20 @@ async fn drain(
         let open = admin.downstream_connections().await.unwrap_or(0);
         let now = Instant::now();
         if (open == 0 && now >= earliest) || now >= deadline {
-            reporter.event(Event::new(proxy, "drained").container(container).message(format!(
-                "{} connection(s) left after {:.1}s",
-                open,
-                started.elapsed().as_secs_f64()
-            )));
+            reporter.event(
+                Event::new(proxy, "drained")
+                    .container(container)
+                    .message(format!(
+                        "{} connection(s) left after {:.1}s",
+                        open,
+                        started.elapsed().as_secs_f64()
+                    )),
+            );
             return Ok(());
         }
-        reporter.waiting(format!("{proxy}: draining {container}, {open} connection(s) open"));
+        reporter.waiting(format!(
+            "{proxy}: draining {container}, {open} connection(s) open"
+        ));
         tokio::time::sleep(POLL).await;
     }
 }
@@ -635,7 +723,13 @@ fn fresh_name(desired: &DesiredProxy, slot: u32, observed: &[ObservedContainer])
     let base = spec::replica_name(&desired.spec.proxy, slot, &desired.hash);
     let taken = |n: &str| observed.iter().any(|c| c.name == n);
     (0..)
-        .map(|i| if i == 0 { base.clone() } else { format!("{base}-r{i}") })
+        .map(|i| {
+            if i == 0 {
+                base.clone()
+            } else {
+                format!("{base}-r{i}")
+            }
+        })
         .find(|n| !taken(n))
         .unwrap_or(base)
 }

@@ -12,8 +12,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::docker::{REPLICA_GID, REPLICA_UID};
+use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::spec::{DesiredProxy, TlsFile};
 
 #[derive(Debug, Clone)]

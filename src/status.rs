@@ -27,35 +27,39 @@ pub struct ReplicaStatus {
 
 /// The status of every berth replica, sorted by proxy and slot.
 pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<ReplicaStatus> {
-    let rows = observed.iter().filter(|c| c.is_managed()).map(|c| async move {
-        let proxy = c.proxy().unwrap_or("?").to_string();
-        let run_name = c.label(LABEL_NAME).unwrap_or(&c.name);
-        let admin = Admin::new(state.proxy(&proxy).admin_socket(run_name));
-        let (ready, connections) = if c.state == RunState::Running {
-            let ready = tokio::time::timeout(ADMIN_TIMEOUT, admin.ready()).await;
-            let conns = tokio::time::timeout(ADMIN_TIMEOUT, admin.downstream_connections()).await;
-            (
-                match ready {
-                    Ok(Ok(r)) => r.to_string(),
-                    _ => "-".to_string(),
-                },
-                conns.ok().and_then(|r| r.ok()),
-            )
-        } else {
-            ("-".to_string(), None)
-        };
-        ReplicaStatus {
-            proxy,
-            slot: c.slot(),
-            container: c.name.clone(),
-            state: c.state,
-            ready,
-            image: c.info.image.clone(),
-            spec: spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
-            uptime_seconds: c.uptime_seconds(),
-            connections,
-        }
-    });
+    let rows = observed
+        .iter()
+        .filter(|c| c.is_managed())
+        .map(|c| async move {
+            let proxy = c.proxy().unwrap_or("?").to_string();
+            let run_name = c.label(LABEL_NAME).unwrap_or(&c.name);
+            let admin = Admin::new(state.proxy(&proxy).admin_socket(run_name));
+            let (ready, connections) = if c.state == RunState::Running {
+                let ready = tokio::time::timeout(ADMIN_TIMEOUT, admin.ready()).await;
+                let conns =
+                    tokio::time::timeout(ADMIN_TIMEOUT, admin.downstream_connections()).await;
+                (
+                    match ready {
+                        Ok(Ok(r)) => r.to_string(),
+                        _ => "-".to_string(),
+                    },
+                    conns.ok().and_then(|r| r.ok()),
+                )
+            } else {
+                ("-".to_string(), None)
+            };
+            ReplicaStatus {
+                proxy,
+                slot: c.slot(),
+                container: c.name.clone(),
+                state: c.state,
+                ready,
+                image: c.info.image.clone(),
+                spec: spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
+                uptime_seconds: c.uptime_seconds(),
+                connections,
+            }
+        });
     let mut rows = futures_util::future::join_all(rows).await;
     rows.sort_by(|a, b| (&a.proxy, a.slot).cmp(&(&b.proxy, b.slot)));
     rows
@@ -64,7 +68,15 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
 /// A kubectl-style table.
 pub fn table(rows: &[ReplicaStatus]) -> String {
     let header = [
-        "PROXY", "SLOT", "CONTAINER", "STATE", "READY", "IMAGE", "SPEC", "UPTIME", "CONNS",
+        "PROXY",
+        "SLOT",
+        "CONTAINER",
+        "STATE",
+        "READY",
+        "IMAGE",
+        "SPEC",
+        "UPTIME",
+        "CONNS",
     ];
     let cells: Vec<Vec<String>> = rows
         .iter()

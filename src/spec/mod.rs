@@ -117,7 +117,9 @@ impl ObservedContainer {
         if self.state != RunState::Running {
             return None;
         }
-        let started = humantime::parse_rfc3339_weak(self.info.started_at.as_deref()?.trim_end_matches('Z')).ok()?;
+        let started =
+            humantime::parse_rfc3339_weak(self.info.started_at.as_deref()?.trim_end_matches('Z'))
+                .ok()?;
         std::time::SystemTime::now()
             .duration_since(started)
             .ok()
