@@ -190,10 +190,11 @@ pub struct Shutdown {
 
 impl Default for Shutdown {
     fn default() -> Self {
-        // EG's defaults.
+        // EG's drain time; EG's 10 s minimum drain exists for Kubernetes endpoint propagation,
+        // which a host port does not have: a closed listener gets no new connections at once.
         Shutdown {
             drain_timeout: Duration::from_secs(60),
-            min_drain_duration: Duration::from_secs(10),
+            min_drain_duration: Duration::from_secs(1),
         }
     }
 }

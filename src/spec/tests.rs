@@ -249,8 +249,12 @@ fn standalone_mounts_generation_xds_and_tls_sorted() {
             true,
         ),
         mount("/var/lib/berth/proxies/edge/xds", "/etc/berth/xds", true),
-        mount("/certs/web.crt", "/etc/berth/tls/l8443/cert.pem", true),
-        mount("/certs/web.key", "/etc/berth/tls/l8443/key.pem", true),
+        // TLS files are copied into the state directory and mounted as a directory.
+        mount(
+            "/var/lib/berth/proxies/edge/tls/l8443",
+            "/etc/berth/tls/l8443",
+            true,
+        ),
     ];
     want.sort();
     assert_eq!(d.spec.mounts, want);
@@ -272,8 +276,9 @@ fn xds_proxy() -> ProxyInfra {
 }
 
 #[test]
-fn xds_mode_mounts_client_certs_and_no_watched_directory() {
-    let d = desired_of(&xds_proxy());
+fn xds_mode_mounts_client_certs_and_the_sds_directory() {
+    let p = xds_proxy();
+    let d = desired_of(&p);
     let targets: Vec<(&Path, &str)> = d
         .spec
         .mounts
@@ -283,16 +288,34 @@ fn xds_mode_mounts_client_certs_and_no_watched_directory() {
             (m.source.as_path(), m.target.as_str())
         })
         .collect();
-    assert!(targets.contains(&(Path::new("/pki/ca.pem"), "/etc/berth/tls/xds/ca.pem")));
-    assert!(targets.contains(&(Path::new("/pki/envoy.pem"), "/etc/berth/tls/xds/cert.pem")));
     assert!(targets.contains(&(
-        Path::new("/pki/envoy-key.pem"),
-        "/etc/berth/tls/xds/key.pem"
+        Path::new("/var/lib/berth/proxies/gw/tls/xds"),
+        "/etc/berth/tls/xds"
     )));
     assert!(targets.iter().any(|(_, t)| *t == "/etc/berth/bootstrap"));
-    // Envoy Gateway pushes everything over ADS: there is no watched directory to mount.
-    assert!(!targets.iter().any(|(_, t)| *t == "/etc/berth/xds"));
-    assert_eq!(targets.len(), 4);
+    // The watched directory holds the SDS files for the client certificate.
+    assert!(targets.iter().any(|(_, t)| *t == "/etc/berth/xds"));
+    assert_eq!(targets.len(), 3);
+    let files: Vec<(String, &str, PathBuf)> = tls_files(&p)
+        .into_iter()
+        .map(|f| (f.owner, f.file, f.source))
+        .collect();
+    assert_eq!(
+        files,
+        vec![
+            ("xds".to_string(), "ca.pem", PathBuf::from("/pki/ca.pem")),
+            (
+                "xds".to_string(),
+                "cert.pem",
+                PathBuf::from("/pki/envoy.pem")
+            ),
+            (
+                "xds".to_string(),
+                "key.pem",
+                PathBuf::from("/pki/envoy-key.pem")
+            ),
+        ]
+    );
 }
 
 // ---- the hash ----------------------------------------------------------------------------

@@ -1,3 +1,4 @@
+#![allow(dead_code)]
 //! A keep-alive HTTP load generator for 127.0.0.1 that counts every failed request and the
 //! longest time without a successful response. Bounded: it stops when told, or at `max_time`.
 

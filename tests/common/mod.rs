@@ -6,6 +6,8 @@
 //! because an admin socket path must fit in 108 bytes (`sun_path`).
 #![allow(dead_code)]
 
+pub mod load;
+
 use std::collections::BTreeMap;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
