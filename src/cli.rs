@@ -6,6 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
+use tokio_util::sync::CancellationToken;
 
 use crate::desired::{self, Target};
 use crate::docker::Engine;
@@ -287,6 +288,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         state: &state,
         reporter: &reporter,
         extra_labels: container_labels(cli),
+        cancel: CancellationToken::new(),
     };
     for target in &targets {
         engine
@@ -384,6 +386,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
         state: &state,
         reporter: &reporter,
         extra_labels: container_labels(cli),
+        cancel: CancellationToken::new(),
     };
     rollout.converge(&targets, &observed).await?;
     drop(reporter);
@@ -434,6 +437,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         state: &state,
         reporter: &reporter,
         extra_labels: container_labels(cli),
+        cancel: CancellationToken::new(),
     };
     let mut removed = 0;
     for name in &proxies {

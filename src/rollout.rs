@@ -11,6 +11,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, Result};
+use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, ReadyState};
 use crate::desired::Target;
@@ -88,7 +89,28 @@ pub struct Rollout<'a> {
     pub reporter: &'a Reporter,
     /// Labels added to every container berth creates (the test suite's `io.berth.test`).
     pub extra_labels: BTreeMap<String, String>,
+    /// When cancelled, the rollout stops between steps: a step (one replica started and its
+    /// predecessor retired) is always finished, so no proxy is left with fewer ready replicas.
+    pub cancel: CancellationToken,
 }
+
+/// The rollout stopped because it was cancelled (SIGTERM), between two steps.
+#[derive(Debug)]
+pub struct Cancelled {
+    pub proxy: String,
+}
+
+impl fmt::Display for Cancelled {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "rollout of {} stopped between two steps (cancelled); the next run completes it",
+            self.proxy
+        )
+    }
+}
+
+impl std::error::Error for Cancelled {}
 
 impl Rollout<'_> {
     /// Brings every target to its desired state and removes berth containers of proxies not
@@ -165,6 +187,11 @@ impl Rollout<'_> {
         let shutdown = &target.proxy.config.shutdown;
         let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
         for action in actions {
+            if self.cancel.is_cancelled() {
+                return Err(anyhow::Error::new(Cancelled {
+                    proxy: name.to_string(),
+                }));
+            }
             match action {
                 Action::Create {
                     slot,
@@ -236,10 +263,10 @@ impl Rollout<'_> {
                 }
             }
         }
-        for slot_container in tampered {
+        for slot_container in &tampered {
             // The bootstrap on disk was changed by hand: it has been rewritten; replicas that
             // could restart with the tampered file are replaced by fresh ones.
-            let Some(old) = observed.iter().find(|c| c.id == slot_container) else {
+            let Some(old) = observed.iter().find(|c| &c.id == slot_container) else {
                 continue;
             };
             let slot = old.slot().unwrap_or_default();
@@ -263,7 +290,9 @@ impl Rollout<'_> {
             self.retire(name, &old_ref, observed, shutdown, policy)
                 .await?;
         }
-        self.prune(target).await?;
+        if !actions.is_empty() || !tampered.is_empty() {
+            self.prune(target).await?;
+        }
         Ok(())
     }
 
