@@ -353,7 +353,7 @@ fn a_sample_of_accepted_configs_passes_real_envoy_validate() {
         std::os::unix::fs::PermissionsExt::from_mode(0o755),
     )
     .unwrap();
-    for i in 0..sample.len() {
+    for (i, bootstrap) in sample.iter().enumerate() {
         let out = Command::new("docker")
             .args([
                 "run",
@@ -377,7 +377,7 @@ fn a_sample_of_accepted_configs_passes_real_envoy_validate() {
         assert!(
             out.status.success(),
             "envoy rejected an accepted config:\n{}\n{}",
-            sample[i],
+            bootstrap,
             String::from_utf8_lossy(&out.stderr)
         );
     }
