@@ -13,6 +13,7 @@ pub mod docker;
 pub mod ir;
 pub mod layout;
 pub mod plan;
+pub mod remote;
 pub mod render;
 pub mod source;
 pub mod spec;
