@@ -17,6 +17,7 @@ pub mod layout;
 pub mod plan;
 pub mod preflight;
 pub mod progress;
+pub mod remote;
 pub mod render;
 pub mod rollout;
 pub mod source;

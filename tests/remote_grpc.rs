@@ -1,0 +1,472 @@
+//! The Envoy Gateway remote-infrastructure gRPC layer, end to end over real sockets with a tonic
+//! client, against a recording fake of the rollout seam. (The real-Docker test drives the same
+//! service with berth's rollout behind it.)
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use berth::ir::{LogLevel, Protocol};
+use berth::remote::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use berth::remote::{self, pb, Infrastructure, Listen, Transient};
+use berth::source::eg::{EgProxy, XdsDefaults};
+use tokio::sync::oneshot;
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::Code;
+
+#[derive(Debug, Clone, PartialEq)]
+enum Call {
+    CreateOrUpdate(Box<EgProxy>),
+    Delete { eg_name: String, berth_name: String },
+}
+
+/// Records every call; optionally fails or takes time, and tracks overlap per proxy.
+#[derive(Default)]
+struct Fake {
+    calls: Mutex<Vec<Call>>,
+    finished: AtomicUsize,
+    fail: Mutex<Option<&'static str>>,
+    delay: Mutex<Duration>,
+    in_flight: Mutex<std::collections::HashMap<String, usize>>,
+    max_overlap_same_proxy: AtomicUsize,
+    max_overlap_total: AtomicUsize,
+}
+
+impl Fake {
+    fn calls(&self) -> Vec<Call> {
+        self.calls.lock().unwrap().clone()
+    }
+
+    async fn work(&self, name: &str, call: Call) -> anyhow::Result<()> {
+        self.calls.lock().unwrap().push(call);
+        {
+            let mut m = self.in_flight.lock().unwrap();
+            *m.entry(name.to_string()).or_default() += 1;
+            let same = m[name];
+            let total: usize = m.values().sum();
+            self.max_overlap_same_proxy
+                .fetch_max(same, Ordering::SeqCst);
+            self.max_overlap_total.fetch_max(total, Ordering::SeqCst);
+        }
+        let delay = *self.delay.lock().unwrap();
+        tokio::time::sleep(delay).await;
+        *self.in_flight.lock().unwrap().get_mut(name).unwrap() -= 1;
+        self.finished.fetch_add(1, Ordering::SeqCst);
+        match *self.fail.lock().unwrap() {
+            None => Ok(()),
+            Some("transient") => Err(anyhow::Error::new(Transient(anyhow::anyhow!(
+                "docker engine unreachable"
+            )))),
+            Some(msg) => Err(anyhow::anyhow!("{msg}")),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Infrastructure for Fake {
+    async fn create_or_update(&self, proxy: EgProxy) -> anyhow::Result<()> {
+        let name = proxy.proxy.name.clone();
+        self.work(&name, Call::CreateOrUpdate(Box::new(proxy)))
+            .await
+    }
+
+    async fn delete(&self, eg_name: &str, berth_name: &str) -> anyhow::Result<()> {
+        let call = Call::Delete {
+            eg_name: eg_name.into(),
+            berth_name: berth_name.into(),
+        };
+        self.work(berth_name, call).await
+    }
+}
+
+fn xds() -> XdsDefaults {
+    XdsDefaults {
+        address: "127.0.0.1".into(),
+        port: 18000,
+        ca_file: "/etc/berth/eg/ca.crt".into(),
+        cert_file: "/etc/berth/eg/tls.crt".into(),
+        key_file: "/etc/berth/eg/tls.key".into(),
+    }
+}
+
+struct Server {
+    fake: Arc<Fake>,
+    stop: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl Server {
+    async fn stop(mut self) {
+        let _ = self.stop.take().unwrap().send(());
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+async fn start(listen: Listen) -> (Server, Option<std::net::SocketAddr>) {
+    let fake = Arc::new(Fake::default());
+    let bound = remote::bind(&listen).await.unwrap();
+    let addr = bound.local_addr();
+    let (tx, rx) = oneshot::channel();
+    let task = tokio::spawn(bound.serve(fake.clone(), xds(), async {
+        let _ = rx.await;
+    }));
+    let server = Server {
+        fake,
+        stop: Some(tx),
+        task,
+    };
+    (server, addr)
+}
+
+async fn unix_client(path: PathBuf) -> Client<Channel> {
+    let channel = Endpoint::from_static("http://berth.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let io = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+            }
+        }))
+        .await
+        .unwrap();
+    Client::new(channel)
+}
+
+async fn tcp_client(addr: std::net::SocketAddr) -> Client<Channel> {
+    Client::connect(format!("http://{addr}")).await.unwrap()
+}
+
+fn port(name: &str, protocol: &str, n: i32) -> pb::ListenerPort {
+    pb::ListenerPort {
+        name: name.into(),
+        protocol: protocol.into(),
+        service_port: n,
+        container_port: n,
+    }
+}
+
+const CONFIG: &str = r#"{
+  "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+  "kind": "EnvoyProxy",
+  "metadata": {"name": "proxy-config", "namespace": "default"},
+  "spec": {
+    "provider": {"type": "Kubernetes", "kubernetes": {"envoyDeployment": {
+      "replicas": 2,
+      "container": {"image": "berth-envoy:1.39.3",
+                    "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}}}},
+    "logging": {"level": {"default": "info", "upstream": "debug"}},
+    "someFutureField": {"x": 1}
+  }
+}"#;
+
+/// What EG sends for a Gateway "default/eg" with an HTTP and a TCP listener.
+fn realistic(config: &str) -> pb::ProxyInfra {
+    pb::ProxyInfra {
+        metadata: Some(pb::InfraMetadata {
+            labels: [
+                ("gateway.envoyproxy.io/owning-gateway-name", "eg"),
+                ("gateway.envoyproxy.io/owning-gateway-namespace", "default"),
+            ]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+            annotations: Default::default(),
+            owner_reference: Some(pb::ResourceMetadata {
+                kind: "GatewayClass".into(),
+                name: "eg".into(),
+                ..Default::default()
+            }),
+        }),
+        name: "default/eg".into(),
+        namespace: "envoy-gateway-system".into(),
+        config: config.as_bytes().to_vec(),
+        listeners: vec![
+            pb::ProxyListener {
+                name: "default/eg/http".into(),
+                ports: vec![port("http-18080", "HTTP", 18080)],
+                http3: None,
+            },
+            pb::ProxyListener {
+                name: "default/eg/tcp".into(),
+                ports: vec![port("tcp-15432", "TCP", 15432)],
+                http3: None,
+            },
+        ],
+        addresses: vec![],
+        resolved_metric_sinks: vec![],
+    }
+}
+
+fn create(proxy: pb::ProxyInfra) -> pb::CreateOrUpdateProxyInfraRequest {
+    pb::CreateOrUpdateProxyInfraRequest {
+        infra: Some(pb::Infra { proxy: Some(proxy) }),
+    }
+}
+
+fn delete(name: &str) -> pb::DeleteProxyInfraRequest {
+    pb::DeleteProxyInfraRequest {
+        infra: Some(pb::Infra {
+            proxy: Some(pb::ProxyInfra {
+                name: name.into(),
+                ..Default::default()
+            }),
+        }),
+    }
+}
+
+fn assert_realistic(call: &Call) {
+    let Call::CreateOrUpdate(p) = call else {
+        panic!("expected CreateOrUpdate, got {call:?}");
+    };
+    assert_eq!(p.eg_name, "default/eg");
+    assert_eq!(p.proxy.name, "default-eg");
+    assert_eq!(p.proxy.namespace, "envoy-gateway-system");
+    assert_eq!(
+        p.proxy.metadata.labels["gateway.envoyproxy.io/owning-gateway-name"],
+        "eg"
+    );
+    let c = &p.proxy.config;
+    assert_eq!(c.replicas, 2);
+    assert_eq!(c.image, "berth-envoy:1.39.3");
+    assert_eq!(c.resources.cpus, Some(0.5));
+    assert_eq!(c.resources.memory, Some(256 << 20));
+    assert_eq!(c.logging.default_level(), LogLevel::Info);
+    assert_eq!(c.logging.level["upstream"], LogLevel::Debug);
+    let ls = &p.proxy.listeners;
+    assert_eq!(ls.len(), 2);
+    assert_eq!(ls[0].name, "default/eg/http");
+    assert_eq!(ls[0].ports[0].protocol, Protocol::Http);
+    assert_eq!(ls[0].ports[0].container_port, 18080);
+    assert_eq!(ls[1].name, "default/eg/tcp");
+    assert_eq!(ls[1].ports[0].protocol, Protocol::Tcp);
+    assert_eq!(p.proxy.host_ports(), vec![18080, 15432]);
+    match &p.proxy.routing {
+        berth::ir::Routing::Xds(x) => {
+            assert_eq!((x.address.as_str(), x.port), ("127.0.0.1", 18000))
+        }
+        other => panic!("expected xDS routing, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn unix_socket_is_0600_and_maps_a_realistic_ir() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("remote-infra.sock");
+    // A stale socket file from a crashed run is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&sock).unwrap());
+    let (server, _) = start(Listen::Unix(sock.clone())).await;
+    let mode = std::fs::metadata(&sock).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o600, "socket mode {mode:o}");
+
+    let mut client = unix_client(sock.clone()).await;
+    client
+        .create_or_update_proxy_infra(create(realistic(CONFIG)))
+        .await
+        .unwrap();
+    // The same request again reaches the seam again, unchanged: idempotency is the seam's job.
+    client
+        .create_or_update_proxy_infra(create(realistic(CONFIG)))
+        .await
+        .unwrap();
+    let calls = server.fake.calls();
+    assert_eq!(calls.len(), 2);
+    assert_realistic(&calls[0]);
+    assert_eq!(calls[0], calls[1]);
+
+    client
+        .delete_proxy_infra(delete("default/eg"))
+        .await
+        .unwrap();
+    assert_eq!(
+        server.fake.calls()[2],
+        Call::Delete {
+            eg_name: "default/eg".into(),
+            berth_name: "default-eg".into()
+        }
+    );
+
+    // A second server on a live socket is refused rather than stealing it.
+    let err = remote::bind(&Listen::Unix(sock.clone()))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("already serving"), "{err:#}");
+
+    server.stop().await;
+    assert!(!sock.exists(), "socket file left behind");
+}
+
+#[tokio::test]
+async fn refuses_to_replace_a_regular_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("not-a-socket");
+    std::fs::write(&path, "data").unwrap();
+    let err = remote::bind(&Listen::Unix(path.clone()))
+        .await
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("not a socket"), "{err:#}");
+    assert_eq!(std::fs::read_to_string(&path).unwrap(), "data");
+}
+
+#[tokio::test]
+async fn tcp_bad_input_is_invalid_argument_and_reaches_nothing() {
+    let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
+    let mut client = tcp_client(addr.unwrap()).await;
+
+    let negative = CONFIG.replace("\"replicas\": 2", "\"replicas\": -1");
+    let mut unknown_protocol = realistic(CONFIG);
+    unknown_protocol.listeners[1].ports[0].protocol = "SCTP".into();
+    let mut bad_port = realistic(CONFIG);
+    bad_port.listeners[0].ports[0].container_port = 70000;
+    let mut no_name = realistic(CONFIG);
+    no_name.name = String::new();
+    let cases = [
+        (
+            create(realistic("{\"spec\": {")),
+            "infra.proxy.config: malformed EnvoyProxy JSON",
+        ),
+        (
+            create(realistic(&negative)),
+            "infra.proxy.config.spec.provider.kubernetes.envoyDeployment.replicas: must be ≥ 0, got -1",
+        ),
+        (
+            create(unknown_protocol),
+            "infra.proxy.listeners[1].ports[0].protocol: unknown protocol \"SCTP\"",
+        ),
+        (
+            create(bad_port),
+            "infra.proxy.listeners[0].ports[0].containerPort: must be in 1..=65535, got 70000",
+        ),
+        (create(no_name), "infra.proxy.name: must not be empty"),
+        (
+            pb::CreateOrUpdateProxyInfraRequest { infra: None },
+            "infra: required",
+        ),
+        (
+            pb::CreateOrUpdateProxyInfraRequest {
+                infra: Some(pb::Infra { proxy: None }),
+            },
+            "infra.proxy: required",
+        ),
+    ];
+    for (req, want) in cases {
+        let status = client.create_or_update_proxy_infra(req).await.unwrap_err();
+        assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+        assert!(
+            status.message().starts_with(want),
+            "got {:?}, want {want:?}…",
+            status.message()
+        );
+    }
+    let status = client.delete_proxy_infra(delete("")).await.unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert!(server.fake.calls().is_empty(), "{:?}", server.fake.calls());
+
+    // No listeners: accepted, nothing applied, nothing torn down.
+    let mut empty = realistic(CONFIG);
+    empty.listeners.clear();
+    client
+        .create_or_update_proxy_infra(create(empty))
+        .await
+        .unwrap();
+    assert!(server.fake.calls().is_empty());
+
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn rate_limit_rpcs_are_unimplemented_with_a_reason() {
+    let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
+    let mut client = tcp_client(addr.unwrap()).await;
+    let s = client
+        .create_or_update_rate_limit_infra(pb::CreateOrUpdateRateLimitInfraRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unimplemented);
+    assert!(s.message().contains("rate-limit"), "{}", s.message());
+    let s = client
+        .delete_rate_limit_infra(pb::DeleteRateLimitInfraRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unimplemented);
+    assert_eq!(s.message(), remote::RATE_LIMIT_UNIMPLEMENTED);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn seam_errors_become_internal_or_unavailable() {
+    let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
+    let mut client = tcp_client(addr.unwrap()).await;
+
+    *server.fake.fail.lock().unwrap() = Some("replica 1 never became ready; rolled back");
+    let s = client
+        .create_or_update_proxy_infra(create(realistic(CONFIG)))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Internal);
+    assert!(
+        s.message().contains("never became ready"),
+        "{}",
+        s.message()
+    );
+
+    *server.fake.fail.lock().unwrap() = Some("transient");
+    let s = client
+        .delete_proxy_infra(delete("default/eg"))
+        .await
+        .unwrap_err();
+    assert_eq!(s.code(), Code::Unavailable);
+    assert!(
+        s.message().contains("docker engine unreachable"),
+        "{}",
+        s.message()
+    );
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn calls_for_one_proxy_run_one_at_a_time() {
+    let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
+    *server.fake.delay.lock().unwrap() = Duration::from_millis(100);
+    let client = tcp_client(addr.unwrap()).await;
+
+    let mut other = realistic(CONFIG);
+    other.name = "default/other".into();
+    let mut tasks = Vec::new();
+    for req in [
+        create(realistic(CONFIG)),
+        create(realistic(CONFIG)),
+        create(realistic(CONFIG)),
+        create(other),
+    ] {
+        let mut c = client.clone();
+        tasks.push(tokio::spawn(async move {
+            c.create_or_update_proxy_infra(req).await.unwrap();
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(server.fake.calls().len(), 4);
+    assert_eq!(server.fake.max_overlap_same_proxy.load(Ordering::SeqCst), 1);
+    assert_eq!(server.fake.max_overlap_total.load(Ordering::SeqCst), 2);
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_client_that_gives_up_does_not_abort_the_rollout() {
+    let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
+    *server.fake.delay.lock().unwrap() = Duration::from_millis(300);
+    let mut client = tcp_client(addr.unwrap()).await;
+    let call = client.create_or_update_proxy_infra(create(realistic(CONFIG)));
+    assert!(tokio::time::timeout(Duration::from_millis(50), call)
+        .await
+        .is_err());
+    drop(client);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(server.fake.finished.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
