@@ -46,9 +46,19 @@ pub struct ProxyInfra {
     #[serde(default)]
     pub rollout: RolloutPolicy,
     pub routing: Routing,
+    /// Envoy's `--service-cluster` (the bootstrap's node cluster) when it is not `name`.
+    /// Envoy Gateway matches xDS snapshots on it, so EG-driven proxies carry EG's IR key
+    /// ("ns/gateway") here, which is not a DNS label.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub service_cluster: Option<String>,
 }
 
 impl ProxyInfra {
+    /// The cluster name Envoy announces: [`ProxyInfra::service_cluster`] or the name.
+    pub fn service_cluster(&self) -> &str {
+        self.service_cluster.as_deref().unwrap_or(&self.name)
+    }
+
     /// Every port Envoy binds on the host (host networking: container port = host port).
     pub fn host_ports(&self) -> Vec<u16> {
         self.listeners

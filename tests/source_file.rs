@@ -132,6 +132,7 @@ fn quickstart_is_exactly_this_ir() {
                     health_check: None,
                 }],
             }),
+            service_cluster: None,
         }],
     };
     assert_eq!(c.infra, expected);

@@ -339,6 +339,7 @@ mod tests {
                     })
                     .collect(),
             }),
+            service_cluster: None,
         }
     }
 

@@ -38,6 +38,8 @@ pub struct Ctx {
 pub struct ProxyView {
     pub name: String,
     pub namespace: String,
+    /// The node cluster Envoy announces (EG's IR key for EG-driven proxies).
+    pub cluster: String,
 }
 
 #[derive(Debug, Serialize)]
@@ -236,6 +238,7 @@ pub fn build(proxy: &ir::ProxyInfra) -> Result<Ctx> {
         proxy: ProxyView {
             name: proxy.name.clone(),
             namespace: proxy.namespace.clone(),
+            cluster: proxy.service_cluster().to_string(),
         },
         mode: "standalone",
         paths: Paths {

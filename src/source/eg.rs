@@ -411,6 +411,7 @@ fn build(raw: RawProxy, config: Node<'_>, path: &str, xds: &XdsDefaults) -> Resu
         addresses: raw.addresses,
         rollout: ir::RolloutPolicy::default(),
         routing: ir::Routing::Xds(xds.server()),
+        service_cluster: Some(raw.name.clone()),
     };
     Ok(EgProxy {
         eg_name: raw.name,

@@ -335,7 +335,7 @@ pub fn desired_proxy(
         layout::CONTAINER_BOOTSTRAP.into(),
         "--disable-hot-restart".into(),
         "--service-cluster".into(),
-        proxy.name.clone(),
+        proxy.service_cluster().to_string(),
         "--log-level".into(),
         cfg.logging.default_level().as_str().into(),
     ];

@@ -59,6 +59,7 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
                 .collect(),
             backends: Vec::new(),
         }),
+        service_cluster: None,
     }
 }
 

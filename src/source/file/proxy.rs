@@ -183,6 +183,7 @@ fn proxy(
         addresses: Vec::new(),
         rollout,
         routing,
+        service_cluster: None,
     }
 }
 
