@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod crashpoint;
 pub mod desired;
 pub mod docker;
 pub mod host;

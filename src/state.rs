@@ -249,6 +249,7 @@ pub fn write_atomic(path: &Path, content: &[u8], mode: u32) -> Result<()> {
         file.write_all(content)?;
         file.set_permissions(fs::Permissions::from_mode(mode))?;
         file.sync_all()?;
+        crate::crashpoint::reached("mid-state-write");
         fs::rename(&tmp, path)?;
         fs::File::open(dir)?.sync_all()
     };
