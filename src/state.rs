@@ -81,7 +81,10 @@ impl StateDir {
         }
         for entry in fs::read_dir(&dir)? {
             let name = entry?.file_name().to_string_lossy().into_owned();
-            if !files.contains_key(&name) && !name.starts_with('.') {
+            if is_leftover_temp(&name) {
+                // A temp file of a write that a crash interrupted before its rename.
+                fs::remove_file(dir.join(&name))?;
+            } else if !files.contains_key(&name) && !name.starts_with('.') {
                 fs::remove_file(dir.join(&name))?;
                 changed.push(name);
             }
@@ -211,6 +214,10 @@ impl StateDir {
         names.sort();
         Ok(names)
     }
+}
+
+fn is_leftover_temp(name: &str) -> bool {
+    name.starts_with('.') && name.contains(".tmp")
 }
 
 fn prune_children(dir: &Path, keep: &[&str]) -> Result<()> {
