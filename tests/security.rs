@@ -77,10 +77,9 @@ fn free_low_port() -> u16 {
 }
 
 fn key_body() -> String {
-    let key = fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/certs/key.pem"),
-    )
-    .unwrap();
+    let key =
+        fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/certs/key.pem"))
+            .unwrap();
     // The base64 body's first line identifies the key without the PEM armour.
     key.lines()
         .find(|l| !l.starts_with("-----") && l.len() > 20)
@@ -165,14 +164,32 @@ direct_response = {{ status = 200, body = "low\n" }}
         let proxy = c["Config"]["Labels"]["io.berth.proxy"].as_str().unwrap();
         let host = &c["HostConfig"];
         let user = c["Config"]["User"].as_str().unwrap();
-        assert!(!user.is_empty() && !user.starts_with("0") && user != "root", "{name}: user {user:?}");
-        assert_eq!(host["ReadonlyRootfs"], Value::Bool(true), "{name}: read-only rootfs");
-        assert_eq!(host["CapDrop"], serde_json::json!(["ALL"]), "{name}: CapDrop");
+        assert!(
+            !user.is_empty() && !user.starts_with("0") && user != "root",
+            "{name}: user {user:?}"
+        );
+        assert_eq!(
+            host["ReadonlyRootfs"],
+            Value::Bool(true),
+            "{name}: read-only rootfs"
+        );
+        assert_eq!(
+            host["CapDrop"],
+            serde_json::json!(["ALL"]),
+            "{name}: CapDrop"
+        );
         let cap_add = host["CapAdd"].as_array().cloned().unwrap_or_default();
         if proxy == "sec-low" {
-            assert_eq!(cap_add, vec![Value::from("NET_BIND_SERVICE")], "{name}: CapAdd");
+            assert_eq!(
+                cap_add,
+                vec![Value::from("NET_BIND_SERVICE")],
+                "{name}: CapAdd"
+            );
         } else {
-            assert!(cap_add.is_empty(), "{name}: CapAdd {cap_add:?} without a low port");
+            assert!(
+                cap_add.is_empty(),
+                "{name}: CapAdd {cap_add:?} without a low port"
+            );
         }
         let secopt: Vec<&str> = host["SecurityOpt"]
             .as_array()
@@ -180,7 +197,10 @@ direct_response = {{ status = 200, body = "low\n" }}
             .iter()
             .filter_map(Value::as_str)
             .collect();
-        assert!(secopt.iter().any(|o| o.starts_with("no-new-privileges")), "{name}: {secopt:?}");
+        assert!(
+            secopt.iter().any(|o| o.starts_with("no-new-privileges")),
+            "{name}: {secopt:?}"
+        );
         assert_eq!(host["Privileged"], Value::Bool(false));
 
         // No TCP port but the listeners: in particular no admin port.
@@ -202,18 +222,30 @@ direct_response = {{ status = 200, body = "low\n" }}
         for m in c["Mounts"].as_array().unwrap() {
             let dest = m["Destination"].as_str().unwrap();
             if dest.starts_with("/etc/berth/") {
-                assert_eq!(m["RW"], Value::Bool(false), "{name}: {dest} must be read-only");
+                assert_eq!(
+                    m["RW"],
+                    Value::Bool(false),
+                    "{name}: {dest} must be read-only"
+                );
             }
         }
 
         // The key never appears in labels or logs.
         let labels = c["Config"]["Labels"].to_string();
         assert!(!labels.contains(&key), "{name}: key material in labels");
-        let logs = Command::new("docker").args(["logs", name]).output().unwrap();
+        let logs = Command::new("docker")
+            .args(["logs", name])
+            .output()
+            .unwrap();
         assert!(!text(&logs).contains(&key), "{name}: key material in logs");
         assert!(!c["Config"]["Env"].to_string().contains(&key));
     }
-    for (what, out) in [("up", &up), ("up json", &up_json), ("status", &status), ("status json", &status_json)] {
+    for (what, out) in [
+        ("up", &up),
+        ("up json", &up_json),
+        ("status", &status),
+        ("status json", &status_json),
+    ] {
         assert!(out.status.success(), "{what} failed:\n{}", text(out));
         assert!(!text(out).contains(&key), "key material in `{what}` output");
     }
@@ -255,18 +287,34 @@ direct_response = {{ status = 200 }}
     let refused = berth(&config, &state, &cleanup, &["up"]);
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     let message = text(&refused);
-    assert!(message.contains("128.0 TiB"), "the total is named: {message}");
-    assert!(message.contains("greedy 2 × 64.0 TiB"), "the parts are named: {message}");
-    assert!(message.contains("--force"), "the way out is named: {message}");
+    assert!(
+        message.contains("128.0 TiB"),
+        "the total is named: {message}"
+    );
+    assert!(
+        message.contains("greedy 2 × 64.0 TiB"),
+        "the parts are named: {message}"
+    );
+    assert!(
+        message.contains("--force"),
+        "the way out is named: {message}"
+    );
     let none = Command::new("docker")
         .args(["ps", "-aq", "--filter"])
         .arg(format!("label={}", cleanup.filter()))
         .output()
         .unwrap();
-    assert!(none.stdout.is_empty(), "nothing may be created when refused");
+    assert!(
+        none.stdout.is_empty(),
+        "nothing may be created when refused"
+    );
 
     let forced = berth(&config, &state, &cleanup, &["up", "--force"]);
-    assert!(forced.status.success(), "up --force failed:\n{}", text(&forced));
+    assert!(
+        forced.status.success(),
+        "up --force failed:\n{}",
+        text(&forced)
+    );
     assert_eq!(inspect(&cleanup).len(), 2);
     let down = berth(&config, &state, &cleanup, &["down"]);
     assert!(down.status.success(), "down failed:\n{}", text(&down));
