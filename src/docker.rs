@@ -497,6 +497,12 @@ impl Engine {
                 "-c".into(),
                 config_path.into(),
                 "--disable-hot-restart".into(),
+                // An xDS (ADS) bootstrap needs a node id and cluster; replicas get theirs from
+                // --service-node/--service-cluster, so validation must pass some too.
+                "--service-cluster".into(),
+                "berth-validate".into(),
+                "--service-node".into(),
+                "berth-validate".into(),
             ]),
             labels: Some(labels),
             host_config: Some(host_config),
