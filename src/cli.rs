@@ -35,15 +35,10 @@ Exit codes: 0 success, 1 runtime failure, 2 bad input (config or arguments).";
 #[derive(Debug, Parser)]
 #[command(name = "berth", version, about = ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// The config file.
-    #[arg(
-        short = 'f',
-        long = "file",
-        global = true,
-        default_value = "berth.toml",
-        env = "BERTH_CONFIG"
-    )]
-    pub file: PathBuf,
+    /// The config file [default: berth.toml]. `status` and `down` also work without one
+    /// (from the state directory) unless -f names a file.
+    #[arg(short = 'f', long = "file", global = true, env = "BERTH_CONFIG")]
+    pub file: Option<PathBuf>,
 
     /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
     #[arg(long, global = true, env = "BERTH_STATE_DIR")]
@@ -170,8 +165,32 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The default config file.
+pub const DEFAULT_CONFIG: &str = "berth.toml";
+
+impl Cli {
+    /// The config file: `-f`, else `BERTH_CONFIG`, else `berth.toml`.
+    pub fn config_path(&self) -> PathBuf {
+        self.file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
+    }
+}
+
 fn load(cli: &Cli) -> Result<Config> {
-    Ok(file::load(&cli.file)?)
+    Ok(file::load(&cli.config_path())?)
+}
+
+/// The config for commands that also work from the state directory alone (`status`, `down`):
+/// none when no file was named and `berth.toml` is absent; a named file must exist, and a
+/// config with errors is refused (exit 2) rather than ignored.
+fn load_optional(cli: &Cli) -> Result<Option<Config>> {
+    let path = cli.config_path();
+    if cli.file.is_none() && !path.exists() {
+        tracing::debug!("no config at {}", path.display());
+        return Ok(None);
+    }
+    Ok(Some(file::load(&path)?))
 }
 
 fn renderer(cli: &Cli) -> Result<Renderer> {
@@ -267,7 +286,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     if no_envoy {
         println!(
             "{}: config is valid ({proxies} proxies)",
-            cli.file.display()
+            cli.config_path().display()
         );
         return Ok(());
     }
@@ -276,7 +295,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         Err(e) => {
             println!(
                 "{}: config is valid ({proxies} proxies); Envoy check skipped: {e:#}",
-                cli.file.display()
+                cli.config_path().display()
             );
             return Ok(());
         }
@@ -299,7 +318,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     drop(reporter);
     println!(
         "{}: config is valid and Envoy accepts it ({proxies} proxies)",
-        cli.file.display()
+        cli.config_path().display()
     );
     Ok(())
 }
@@ -389,6 +408,13 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
         cancel: CancellationToken::new(),
     };
     rollout.converge(&targets, &observed).await?;
+    if cli.output == Output::Json {
+        // Counted before anything else is asked of the engine: the cost of this reconcile.
+        reporter.event(
+            crate::progress::Event::new("berth", "summary")
+                .message(format!("{} docker api requests", engine.api_calls())),
+        );
+    }
     drop(reporter);
     if cli.output == Output::Table && !cli.quiet {
         let rows = status::collect(&state, &owned(engine.observe().await?, &names, &state)?).await;
@@ -398,14 +424,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
 }
 
 async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
-    let config = match file::load(&cli.file) {
-        Ok(c) => Some(c),
-        Err(e) if !cli.file.exists() => {
-            tracing::debug!("no config: {e}");
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let config = load_optional(cli)?;
     let state_path = state_dir(cli, config.as_ref());
     let state = StateDir::at(&state_path);
     let engine = Engine::connect().await?;
@@ -425,7 +444,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         if !proxies.contains(p) {
             bail!(
                 "no proxy named {p:?} is known here (config {}, state {})",
-                cli.file.display(),
+                cli.config_path().display(),
                 state_path.display()
             );
         }
@@ -444,21 +463,28 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         let ir = config.as_ref().and_then(|c| c.infra.proxy(name));
         let shutdown = ir.map(|p| p.config.shutdown.clone()).unwrap_or_default();
         let policy = ir.map(|p| p.rollout.clone()).unwrap_or_default();
-        for c in observed.iter().filter(|c| c.proxy() == Some(name.as_str())) {
-            rollout
-                .retire(
-                    name,
-                    &plan::ContainerRef {
+        // The whole proxy goes away: drain its replicas at once, not one after the other.
+        let retirements = observed
+            .iter()
+            .filter(|c| c.proxy() == Some(name.as_str()))
+            .map(|c| {
+                let (rollout, observed, shutdown, policy) =
+                    (&rollout, &observed, &shutdown, &policy);
+                async move {
+                    let container = plan::ContainerRef {
                         id: c.id.clone(),
                         name: c.name.clone(),
-                    },
-                    &observed,
-                    &shutdown,
-                    &policy,
-                )
-                .await
-                .with_context(|| format!("removing {}", c.name))?;
-            removed += 1;
+                    };
+                    rollout
+                        .retire(name, &container, observed, shutdown, policy)
+                        .await
+                        .with_context(|| format!("removing {}", c.name))
+                }
+            });
+        let results = futures_util::future::join_all(retirements).await;
+        removed += results.iter().filter(|r| r.is_ok()).count();
+        if let Some(err) = results.into_iter().find_map(Result::err) {
+            return Err(err);
         }
         if state_path.exists() {
             state.remove_proxy(name)?;
@@ -475,7 +501,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
 }
 
 async fn show_status(cli: &Cli) -> Result<()> {
-    let config = file::load(&cli.file).ok();
+    let config = load_optional(cli)?;
     let state_path = state_dir(cli, config.as_ref());
     let state = StateDir::at(&state_path);
     let engine = Engine::connect().await?;
@@ -490,7 +516,7 @@ async fn show_status(cli: &Cli) -> Result<()> {
     } else if rows.is_empty() {
         println!(
             "no replicas (config {}, state {})",
-            cli.file.display(),
+            cli.config_path().display(),
             state_path.display()
         );
     } else {
