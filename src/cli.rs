@@ -328,18 +328,16 @@ fn container_labels(cli: &Cli) -> BTreeMap<String, String> {
 }
 
 /// The containers this berth (this state directory) is responsible for: those of proxies in
-/// the config or with state on disk. Other berth containers on the host are left alone.
-fn owned(
-    observed: Vec<ObservedContainer>,
+/// the config or with state on disk. Other berth containers on the host are left alone, and
+/// not even inspected.
+async fn owned(
+    engine: &Engine,
     config_proxies: &BTreeSet<String>,
     state: &StateDir,
 ) -> Result<Vec<ObservedContainer>> {
     let mut known = config_proxies.clone();
     known.extend(state.proxies()?);
-    Ok(observed
-        .into_iter()
-        .filter(|c| c.proxy().is_some_and(|p| known.contains(p)))
-        .collect())
+    engine.observe_proxies(&known).await
 }
 
 async fn diff(cli: &Cli) -> Result<()> {
@@ -354,7 +352,7 @@ async fn diff(cli: &Cli) -> Result<()> {
     let engine = Engine::connect().await?;
     let state = StateDir::at(&state_path);
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
     let plan = plan::plan(&desired, &observed);
     if cli.output == Output::Json {
@@ -396,7 +394,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     let engine = Engine::connect().await?;
     let state = StateDir::open(&state_path)?;
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let replica_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
     preflight::check_ports(&config.infra, &replica_pids)?;
     let reporter = reporter(cli);
@@ -417,7 +415,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     }
     drop(reporter);
     if cli.output == Output::Table && !cli.quiet {
-        let rows = status::collect(&state, &owned(engine.observe().await?, &names, &state)?).await;
+        let rows = status::collect(&state, &owned(&engine, &names, &state).await?).await;
         println!("{}", status::table(&rows));
     }
     Ok(())
@@ -432,7 +430,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         .iter()
         .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
         .collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let mut proxies: BTreeSet<String> = names.clone();
     proxies.extend(state.proxies()?);
     proxies.extend(
@@ -509,7 +507,7 @@ async fn show_status(cli: &Cli) -> Result<()> {
         .iter()
         .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
         .collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let rows = status::collect(&state, &observed).await;
     if cli.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
