@@ -9,7 +9,11 @@ BASE_PORT = 21000
 
 
 def sh(*args, check=True, **kw):
-    return subprocess.run(list(args), check=check, capture_output=True, text=True, **kw)
+    r = subprocess.run(list(args), check=False, capture_output=True, text=True, **kw)
+    if check and r.returncode != 0:
+        sys.stderr.write(f"command failed (exit {r.returncode}): {' '.join(args)}\n{r.stdout}{r.stderr}\n")
+        raise subprocess.CalledProcessError(r.returncode, args, r.stdout, r.stderr)
+    return r
 
 
 def timed(*args, **kw):
@@ -78,6 +82,11 @@ def compose_project(d, n, replicas, base_port, image=IMAGE):
     scale: {replicas}
     restart: unless-stopped
     labels: ["io.berth.bench=1"]
+    user: "101:101"
+    read_only: true
+    cap_drop: [ALL]
+    security_opt: ["no-new-privileges:true"]
+    tmpfs: ["/tmp:mode=1777"]
     volumes: ["{path}:/etc/envoy/bootstrap.yaml:ro"]
     command: ["-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", "1"]
 """)
@@ -100,6 +109,8 @@ def floor_run(d):
     run = os.path.join(d, "floor-run")
     os.makedirs(run, exist_ok=True)
     os.chmod(run, 0o777)
+    if os.path.exists(os.path.join(run, "admin.sock")):
+        os.remove(os.path.join(run, "admin.sock"))  # the previous run's
     path = os.path.join(d, "floor.yaml")
     with open(path, "w") as f:
         f.write(BOOTSTRAP.format(port=BASE_PORT + 500).replace("/tmp/admin.sock", "/run/berth/admin.sock"))
@@ -115,7 +126,14 @@ def floor_run(d):
     return elapsed if ok else float("nan")
 
 
-def cleanup(d, state):
+def running(label_filter):
+    """How many containers matching a label filter are running."""
+    return len(sh("docker", "ps", "-q", "--filter", f"label={label_filter}", check=False).stdout.split())
+
+
+def cleanup(d, state, compose_dir=None):
+    if compose_dir and os.path.exists(os.path.join(compose_dir, "docker-compose.yml")):
+        sh("docker-compose", "-p", "berthbench", "down", "-t", "1", cwd=compose_dir, check=False)
     ids = sh("docker", "ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
     if ids:
         sh("docker", "rm", "-f", *ids, check=False)

@@ -35,15 +35,10 @@ Exit codes: 0 success, 1 runtime failure, 2 bad input (config or arguments).";
 #[derive(Debug, Parser)]
 #[command(name = "berth", version, about = ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// The config file.
-    #[arg(
-        short = 'f',
-        long = "file",
-        global = true,
-        default_value = "berth.toml",
-        env = "BERTH_CONFIG"
-    )]
-    pub file: PathBuf,
+    /// The config file [default: berth.toml]. `status` and `down` also work without one
+    /// (from the state directory) unless -f names a file.
+    #[arg(short = 'f', long = "file", global = true, env = "BERTH_CONFIG")]
+    pub file: Option<PathBuf>,
 
     /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
     #[arg(long, global = true, env = "BERTH_STATE_DIR")]
@@ -170,8 +165,32 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
+/// The default config file.
+pub const DEFAULT_CONFIG: &str = "berth.toml";
+
+impl Cli {
+    /// The config file: `-f`, else `BERTH_CONFIG`, else `berth.toml`.
+    pub fn config_path(&self) -> PathBuf {
+        self.file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
+    }
+}
+
 fn load(cli: &Cli) -> Result<Config> {
-    Ok(file::load(&cli.file)?)
+    Ok(file::load(&cli.config_path())?)
+}
+
+/// The config for commands that also work from the state directory alone (`status`, `down`):
+/// none when no file was named and `berth.toml` is absent; a named file must exist, and a
+/// config with errors is refused (exit 2) rather than ignored.
+fn load_optional(cli: &Cli) -> Result<Option<Config>> {
+    let path = cli.config_path();
+    if cli.file.is_none() && !path.exists() {
+        tracing::debug!("no config at {}", path.display());
+        return Ok(None);
+    }
+    Ok(Some(file::load(&path)?))
 }
 
 fn renderer(cli: &Cli) -> Result<Renderer> {
@@ -267,7 +286,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     if no_envoy {
         println!(
             "{}: config is valid ({proxies} proxies)",
-            cli.file.display()
+            cli.config_path().display()
         );
         return Ok(());
     }
@@ -276,7 +295,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         Err(e) => {
             println!(
                 "{}: config is valid ({proxies} proxies); Envoy check skipped: {e:#}",
-                cli.file.display()
+                cli.config_path().display()
             );
             return Ok(());
         }
@@ -299,7 +318,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     drop(reporter);
     println!(
         "{}: config is valid and Envoy accepts it ({proxies} proxies)",
-        cli.file.display()
+        cli.config_path().display()
     );
     Ok(())
 }
@@ -309,18 +328,16 @@ fn container_labels(cli: &Cli) -> BTreeMap<String, String> {
 }
 
 /// The containers this berth (this state directory) is responsible for: those of proxies in
-/// the config or with state on disk. Other berth containers on the host are left alone.
-fn owned(
-    observed: Vec<ObservedContainer>,
+/// the config or with state on disk. Other berth containers on the host are left alone, and
+/// not even inspected.
+async fn owned(
+    engine: &Engine,
     config_proxies: &BTreeSet<String>,
     state: &StateDir,
 ) -> Result<Vec<ObservedContainer>> {
     let mut known = config_proxies.clone();
     known.extend(state.proxies()?);
-    Ok(observed
-        .into_iter()
-        .filter(|c| c.proxy().is_some_and(|p| known.contains(p)))
-        .collect())
+    engine.observe_proxies(&known).await
 }
 
 async fn diff(cli: &Cli) -> Result<()> {
@@ -335,7 +352,7 @@ async fn diff(cli: &Cli) -> Result<()> {
     let engine = Engine::connect().await?;
     let state = StateDir::at(&state_path);
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
     let plan = plan::plan(&desired, &observed);
     if cli.output == Output::Json {
@@ -377,7 +394,7 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     let engine = Engine::connect().await?;
     let state = StateDir::open(&state_path)?;
     let names: BTreeSet<String> = targets.iter().map(|t| t.name().to_string()).collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let replica_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
     preflight::check_ports(&config.infra, &replica_pids)?;
     let reporter = reporter(cli);
@@ -389,23 +406,23 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
         cancel: CancellationToken::new(),
     };
     rollout.converge(&targets, &observed).await?;
+    if cli.output == Output::Json {
+        // Counted before anything else is asked of the engine: the cost of this reconcile.
+        reporter.event(
+            crate::progress::Event::new("berth", "summary")
+                .message(format!("{} docker api requests", engine.api_calls())),
+        );
+    }
     drop(reporter);
     if cli.output == Output::Table && !cli.quiet {
-        let rows = status::collect(&state, &owned(engine.observe().await?, &names, &state)?).await;
+        let rows = status::collect(&state, &owned(&engine, &names, &state).await?).await;
         println!("{}", status::table(&rows));
     }
     Ok(())
 }
 
 async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
-    let config = match file::load(&cli.file) {
-        Ok(c) => Some(c),
-        Err(e) if !cli.file.exists() => {
-            tracing::debug!("no config: {e}");
-            None
-        }
-        Err(e) => return Err(e.into()),
-    };
+    let config = load_optional(cli)?;
     let state_path = state_dir(cli, config.as_ref());
     let state = StateDir::at(&state_path);
     let engine = Engine::connect().await?;
@@ -413,7 +430,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         .iter()
         .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
         .collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let mut proxies: BTreeSet<String> = names.clone();
     proxies.extend(state.proxies()?);
     proxies.extend(
@@ -425,7 +442,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         if !proxies.contains(p) {
             bail!(
                 "no proxy named {p:?} is known here (config {}, state {})",
-                cli.file.display(),
+                cli.config_path().display(),
                 state_path.display()
             );
         }
@@ -444,21 +461,28 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         let ir = config.as_ref().and_then(|c| c.infra.proxy(name));
         let shutdown = ir.map(|p| p.config.shutdown.clone()).unwrap_or_default();
         let policy = ir.map(|p| p.rollout.clone()).unwrap_or_default();
-        for c in observed.iter().filter(|c| c.proxy() == Some(name.as_str())) {
-            rollout
-                .retire(
-                    name,
-                    &plan::ContainerRef {
+        // The whole proxy goes away: drain its replicas at once, not one after the other.
+        let retirements = observed
+            .iter()
+            .filter(|c| c.proxy() == Some(name.as_str()))
+            .map(|c| {
+                let (rollout, observed, shutdown, policy) =
+                    (&rollout, &observed, &shutdown, &policy);
+                async move {
+                    let container = plan::ContainerRef {
                         id: c.id.clone(),
                         name: c.name.clone(),
-                    },
-                    &observed,
-                    &shutdown,
-                    &policy,
-                )
-                .await
-                .with_context(|| format!("removing {}", c.name))?;
-            removed += 1;
+                    };
+                    rollout
+                        .retire(name, &container, observed, shutdown, policy)
+                        .await
+                        .with_context(|| format!("removing {}", c.name))
+                }
+            });
+        let results = futures_util::future::join_all(retirements).await;
+        removed += results.iter().filter(|r| r.is_ok()).count();
+        if let Some(err) = results.into_iter().find_map(Result::err) {
+            return Err(err);
         }
         if state_path.exists() {
             state.remove_proxy(name)?;
@@ -475,7 +499,7 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
 }
 
 async fn show_status(cli: &Cli) -> Result<()> {
-    let config = file::load(&cli.file).ok();
+    let config = load_optional(cli)?;
     let state_path = state_dir(cli, config.as_ref());
     let state = StateDir::at(&state_path);
     let engine = Engine::connect().await?;
@@ -483,14 +507,14 @@ async fn show_status(cli: &Cli) -> Result<()> {
         .iter()
         .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
         .collect();
-    let observed = owned(engine.observe().await?, &names, &state)?;
+    let observed = owned(&engine, &names, &state).await?;
     let rows = status::collect(&state, &observed).await;
     if cli.output == Output::Json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     } else if rows.is_empty() {
         println!(
             "no replicas (config {}, state {})",
-            cli.file.display(),
+            cli.config_path().display(),
             state_path.display()
         );
     } else {

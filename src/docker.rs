@@ -44,7 +44,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use crate::layout;
 use crate::spec::{
     ContainerInfo, LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState,
-    LABEL_MANAGED_BY, MANAGED_BY_VALUE,
+    LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE,
 };
 
 /// The UID every replica runs as (see the module docs).
@@ -139,10 +139,38 @@ impl Engine {
         Ok(found)
     }
 
+    /// Like [`Engine::observe`], but only the containers of the named proxies are inspected
+    /// (and returned): one list call plus one inspect per container of those proxies, however
+    /// many other berth containers (other state directories, test runs) the host has.
+    pub async fn observe_proxies(
+        &self,
+        proxies: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<ObservedContainer>> {
+        let filter = format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}");
+        let mut summaries = self.list_labelled(&filter).await?;
+        summaries.retain(|s| {
+            s.labels.as_ref().is_some_and(|l| {
+                l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_VALUE)
+                    && l.get(LABEL_PROXY).is_some_and(|p| proxies.contains(p))
+            })
+        });
+        let mut found = self.inspect_all(summaries).await?;
+        found.retain(ObservedContainer::is_managed);
+        Ok(found)
+    }
+
     /// Every container matching a label filter (`key` or `key=value`), any state, with the same
     /// detail as [`Engine::observe`].
     pub async fn observe_labelled(&self, label_filter: &str) -> Result<Vec<ObservedContainer>> {
         let summaries = self.list_labelled(label_filter).await?;
+        self.inspect_all(summaries).await
+    }
+
+    /// One inspect per listed container (concurrently), for what list cannot tell.
+    async fn inspect_all(
+        &self,
+        summaries: Vec<bollard::models::ContainerSummary>,
+    ) -> Result<Vec<ObservedContainer>> {
         let inspects = futures_util::stream::iter(summaries.into_iter().map(|s| async move {
             let id = s.id.clone().unwrap_or_default();
             match self.docker.inspect_container(&id, None).await {
@@ -497,6 +525,12 @@ impl Engine {
                 "-c".into(),
                 config_path.into(),
                 "--disable-hot-restart".into(),
+                // An xDS (ADS) bootstrap needs a node id and cluster; replicas get theirs from
+                // --service-node/--service-cluster, so validation must pass some too.
+                "--service-cluster".into(),
+                "berth-validate".into(),
+                "--service-node".into(),
+                "berth-validate".into(),
             ]),
             labels: Some(labels),
             host_config: Some(host_config),

@@ -127,11 +127,13 @@ impl Rollout<'_> {
             .iter()
             .filter(|a| !targets.iter().any(|t| t.name() == a.proxy()))
             .collect();
+        let mut emptied = BTreeSet::new();
         for action in strays {
             if let Action::Remove {
                 proxy, container, ..
             } = action
             {
+                emptied.insert(proxy.as_str());
                 self.retire(
                     proxy,
                     container,
@@ -143,8 +145,11 @@ impl Rollout<'_> {
             }
         }
         for gone in self.state.proxies()? {
+            // `observed` predates the removals above: a proxy whose strays were all just
+            // removed has no container left either.
             if !targets.iter().any(|t| t.name() == gone)
-                && !observed.iter().any(|c| c.proxy() == Some(gone.as_str()))
+                && (emptied.contains(gone.as_str())
+                    || !observed.iter().any(|c| c.proxy() == Some(gone.as_str())))
             {
                 self.state.remove_proxy(&gone)?;
             }
