@@ -87,8 +87,23 @@ fn key_body() -> String {
         .to_string()
 }
 
+/// Puts `net.ipv4.ip_unprivileged_port_start` back as it was: berth lowers it for the
+/// low-port proxy, and a test should not leave the host changed.
+struct RestoreSysctl(Option<String>);
+
+const PORT_START: &str = "/proc/sys/net/ipv4/ip_unprivileged_port_start";
+
+impl Drop for RestoreSysctl {
+    fn drop(&mut self) {
+        if let Some(v) = &self.0 {
+            let _ = fs::write(PORT_START, v.trim());
+        }
+    }
+}
+
 #[test]
 fn replicas_are_locked_down_and_secrets_stay_secret() {
+    let _restore = RestoreSysctl(fs::read_to_string(PORT_START).ok());
     let image = common::ensure_test_image();
     let cleanup = Cleanup::new("security");
     let dir = short_tempdir();
