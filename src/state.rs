@@ -28,6 +28,7 @@ impl StateDir {
             .with_context(|| format!("cannot create state directory {}", root.display()))?;
         fs::set_permissions(root, fs::Permissions::from_mode(0o700))
             .with_context(|| format!("cannot set mode 0700 on {}", root.display()))?;
+        sweep_leftover_temps(root, 4)?;
         Ok(StateDir {
             root: root.to_path_buf(),
         })
@@ -216,6 +217,24 @@ impl StateDir {
     }
 }
 
+/// Removes temp files of writes a crash interrupted before their rename, `depth` levels down.
+fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
+    let Ok(entries) = fs::read_dir(dir) else {
+        return Ok(());
+    };
+    for entry in entries.filter_map(|e| e.ok()) {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Ok(kind) = entry.file_type() else { continue };
+        if kind.is_file() && is_leftover_temp(&name) {
+            fs::remove_file(entry.path())
+                .with_context(|| format!("cannot remove {}", entry.path().display()))?;
+        } else if kind.is_dir() && depth > 0 && name != "run" {
+            sweep_leftover_temps(&entry.path(), depth - 1)?;
+        }
+    }
+    Ok(())
+}
+
 fn is_leftover_temp(name: &str) -> bool {
     name.starts_with('.') && name.contains(".tmp")
 }
@@ -290,6 +309,18 @@ mod tests {
         assert_eq!(state.read_xds("p").unwrap(), files);
         let mode = fs::metadata(tmp.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o700);
+    }
+
+    #[test]
+    fn opening_sweeps_temp_files_a_crash_left() {
+        let tmp = tempfile::tempdir().unwrap();
+        let gen = tmp.path().join("proxies/p/generations/abc");
+        fs::create_dir_all(&gen).unwrap();
+        fs::write(gen.join(".bootstrap.yaml.tmp42"), "half").unwrap();
+        fs::write(gen.join("bootstrap.yaml"), "whole").unwrap();
+        StateDir::open(tmp.path()).unwrap();
+        assert!(!gen.join(".bootstrap.yaml.tmp42").exists());
+        assert!(gen.join("bootstrap.yaml").exists());
     }
 
     #[test]
