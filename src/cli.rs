@@ -380,6 +380,11 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     let observed = owned(engine.observe().await?, &names, &state)?;
     let replica_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
     preflight::check_ports(&config.infra, &replica_pids)?;
+    if let crate::host::MigrateReq::Off(warning) =
+        crate::host::ensure_tcp_migrate_req(config.tune_host)
+    {
+        tracing::warn!("{warning}");
+    }
     let reporter = reporter(cli);
     let rollout = Rollout {
         engine: &engine,
