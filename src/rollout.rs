@@ -27,6 +27,8 @@ use crate::state::StateDir;
 const POLL: Duration = Duration::from_millis(100);
 /// Time Envoy gets to exit after SIGTERM once it has drained.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Admin calls in a row that may go unanswered during the minimum ready time.
+const MAX_ADMIN_ERRORS: u32 = 3;
 /// Lines of a failed replica's log shown in the error.
 const LOG_LINES: usize = 20;
 
@@ -479,6 +481,14 @@ impl Rollout<'_> {
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self.gate(proxy, slot, &id, name, policy).await {
+            // A replica that failed during the minimum ready time may already be serving:
+            // drain it like any other before it goes.
+            if matches!(self.engine.state(&id).await, Ok(Some(RunState::Running))) {
+                let admin = Admin::new(self.state.proxy(proxy).admin_socket(name));
+                let shutdown = Shutdown::default();
+                let _ = drain(&admin, &shutdown, policy, self.reporter, proxy, name).await;
+                let _ = self.engine.stop(&id, STOP_TIMEOUT).await;
+            }
             f.log_tail = self
                 .engine
                 .logs_tail(&id, LOG_LINES)
@@ -546,6 +556,7 @@ impl Rollout<'_> {
             tokio::time::sleep(POLL).await;
         }
         let ready_until = Instant::now() + policy.min_ready;
+        let mut admin_errors = 0;
         while Instant::now() < ready_until {
             tokio::time::sleep(POLL.min(policy.min_ready)).await;
             if let Err(reason) = self.still_running(id).await {
@@ -556,8 +567,16 @@ impl Rollout<'_> {
                 Ok(other) => {
                     return Err(failure(Gate::MinReady, format!("/ready says {other:?}")));
                 }
-                Err(e) => return Err(failure(Gate::MinReady, format!("{e:#}"))),
+                // One unanswered call on a loaded host is not a verdict: only a run of them.
+                Err(e) => {
+                    admin_errors += 1;
+                    if admin_errors >= MAX_ADMIN_ERRORS {
+                        return Err(failure(Gate::MinReady, format!("{e:#}")));
+                    }
+                    continue;
+                }
             }
+            admin_errors = 0;
         }
         Ok(())
     }
