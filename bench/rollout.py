@@ -60,10 +60,18 @@ def berth_rollouts(d, state):
         time.sleep(2)
         t0 = time.monotonic()
         p = subprocess.Popen(berth(cfg, state, "--output", "json", "up"), stdout=subprocess.PIPE, text=True)
-        per_replica, started = [], None
+        per_replica, started, ready, drained = [], None, [], []
         for line in p.stdout:
             if '"event":"replacing"' in line:
                 started = time.monotonic()
+            elif '"event":"ready"' in line:
+                m = re.search(r"in ([\d.]+)s", line)
+                if m:
+                    ready.append(float(m.group(1)))
+            elif '"event":"drained"' in line:
+                m = re.search(r"after ([\d.]+)s", line)
+                if m:
+                    drained.append(float(m.group(1)))
             elif '"event":"removed"' in line and started is not None:
                 per_replica.append(time.monotonic() - started)
                 started = None
@@ -71,7 +79,8 @@ def berth_rollouts(d, state):
         total = time.monotonic() - t0
         time.sleep(2)
         errors, reqs, gap = stop_wrk(wrk)
-        results.append(dict(rc=rc, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=per_replica))
+        results.append(dict(rc=rc, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=per_replica,
+                            ready=ready, drained=drained))
     sh(*berth(cfg, state, "-q", "down"))
     return results
 
@@ -92,7 +101,7 @@ def compose_rollouts(d):
         total, _ = timed("docker-compose", "-p", "berthroll", "up", "-d", cwd=cdir)
         time.sleep(4)
         errors, reqs, gap = stop_wrk(wrk)
-        results.append(dict(rc=0, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=[]))
+        results.append(dict(rc=0, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=[], ready=[], drained=[]))
     sh("docker-compose", "-p", "berthroll", "down", "-t", "1", cwd=cdir, check=False)
     return results
 
@@ -101,7 +110,7 @@ def main():
     d = tempfile.mkdtemp(prefix="berth-bench-")
     state = os.path.join(d, "state")
     try:
-        floors = [floor_run(d) for _ in range(3)]
+        floors = [floor_run(d) for _ in range(5)]
         b = berth_rollouts(d, state)
         c = compose_rollouts(d)
         med = statistics.median
@@ -118,9 +127,18 @@ def main():
         print(f"{'rollout time (median)':<40} {med([r['total'] for r in b]):>13.2f}s {med([r['total'] for r in c]):>15.2f}s")
         print(f"{'rollouts that failed (exit != 0)':<40} {sum(1 for r in b if r['rc'] != 0):>14} {'':>16}")
         print()
-        print(f"per-replica time (berth, median of {len(per)}): {med(per) if per else float('nan'):.2f}s"
-              f"  = create+ready {med(per) - 1.0 if per else float('nan'):.2f}s + min_ready {MIN_READY} + drain (until 0 connections, max {DRAIN})")
-        print(f"floor (docker run 1 Envoy until /ready, median of 3): {floor:.2f}s")
+        ready = med([x for r in b for x in r["ready"]])
+        drained = med([x for r in b for x in r["drained"]])
+        min_ready = float(MIN_READY.rstrip("s"))
+        per_med = med(per) if per else float("nan")
+        rest = per_med - ready - min_ready - drained
+        goal = 1.2 * floor + min_ready + drained
+        print(f"per-replica replace time (berth, median of {len(per)}): {per_med:.2f}s")
+        print(f"  = create+start+ready {ready:.2f}s + min_ready {min_ready:.2f}s + drain {drained:.2f}s"
+              f" (until 0 connections; min_drain_duration 0s, drain_timeout {DRAIN}) + stop/remove/poll {rest:.2f}s")
+        print(f"floor (docker run of 1 hardened Envoy until /ready, median of {len(floors)}): {floor:.2f}s;"
+              f" create+start+ready / floor = {ready / floor:.2f}x")
+        print(f"goal: per-replica <= 1.2 x floor + min_ready + drain = {goal:.2f}s -> {'met' if per_med <= goal else 'NOT met'}")
     finally:
         cleanup(d, state)
 

@@ -397,13 +397,18 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     let observed = owned(&engine, &names, &state).await?;
     let replica_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
     preflight::check_ports(&config.infra, &replica_pids)?;
+    if let crate::host::MigrateReq::Off(warning) =
+        crate::host::ensure_tcp_migrate_req(config.tune_host)
+    {
+        tracing::warn!("{warning}");
+    }
     let lowest_port = config
         .infra
         .proxies
         .iter()
         .flat_map(|p| p.host_ports())
         .min();
-    let port_start = crate::host::ensure_unprivileged_port_start(lowest_port, true)?;
+    let port_start = crate::host::ensure_unprivileged_port_start(lowest_port, config.tune_host)?;
     let reporter = reporter(cli);
     if let crate::host::PortStart::Lowered { from, to } = port_start {
         reporter.event(crate::progress::Event::new("berth", "host").message(format!(

@@ -27,6 +27,8 @@ use crate::state::StateDir;
 const POLL: Duration = Duration::from_millis(100);
 /// Time Envoy gets to exit after SIGTERM once it has drained.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Admin calls in a row that may go unanswered during the minimum ready time.
+const MAX_ADMIN_ERRORS: u32 = 3;
 /// Lines of a failed replica's log shown in the error.
 const LOG_LINES: usize = 20;
 
@@ -76,7 +78,11 @@ impl fmt::Display for GateFailure {
             self.proxy, self.proxy, self.slot, self.container, self.gate, self.reason
         )?;
         writeln!(f, "{}", self.aftermath)?;
-        write!(f, "last {LOG_LINES} lines of its log:\n{}", self.log_tail)
+        write!(
+            f,
+            "last {LOG_LINES} lines of its log:\n{}",
+            self.log_tail.trim_end()
+        )
     }
 }
 
@@ -191,6 +197,7 @@ impl Rollout<'_> {
         let policy = &target.proxy.rollout;
         let shutdown = &target.proxy.config.shutdown;
         let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
+        let mut creates_done = false;
         for action in actions {
             if self.cancel.is_cancelled() {
                 return Err(anyhow::Error::new(Cancelled {
@@ -198,14 +205,12 @@ impl Rollout<'_> {
                 }));
             }
             match action {
-                Action::Create {
-                    slot,
-                    name: new_name,
-                    ..
-                } => {
-                    self.start_replica(desired, *slot, new_name, &image_id, policy)
-                        .await
-                        .map_err(anyhow::Error::new)?;
+                Action::Create { .. } => {
+                    if creates_done {
+                        continue;
+                    }
+                    creates_done = true;
+                    self.create_all(target, actions, &image_id).await?;
                 }
                 Action::Start {
                     slot, container, ..
@@ -299,6 +304,31 @@ impl Rollout<'_> {
             self.prune(target).await?;
         }
         Ok(())
+    }
+
+    /// Creates the replicas of every empty slot at once: they are independent (nothing is
+    /// retired), so a fresh install or a scale-up costs about one replica's time. Returns the
+    /// first failure once all have finished; replicas that became ready stay.
+    async fn create_all(&self, target: &Target, actions: &[&Action], image_id: &str) -> Result<()> {
+        let policy = &target.proxy.rollout;
+        let creates = actions.iter().filter_map(|a| match a {
+            Action::Create { slot, name, .. } => {
+                Some(self.start_replica(&target.desired, *slot, name, image_id, policy))
+            }
+            _ => None,
+        });
+        let results = futures_util::future::join_all(creates).await;
+        let failed = results.iter().filter(|r| r.is_err()).count();
+        match results.into_iter().find_map(Result::err) {
+            None => Ok(()),
+            Some(mut failure) => {
+                failure.aftermath = format!(
+                    "{failed} new replica(s) failed and were removed; no existing replica was \
+                     touched; the next `berth up` tries the empty slots again"
+                );
+                Err(anyhow::Error::new(failure))
+            }
+        }
     }
 
     /// A spec is proven when a replica already runs it: no need to validate it again.
@@ -456,6 +486,14 @@ impl Rollout<'_> {
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self.gate(proxy, slot, &id, name, policy).await {
+            // A replica that failed during the minimum ready time may already be serving:
+            // drain it like any other before it goes.
+            if matches!(self.engine.state(&id).await, Ok(Some(RunState::Running))) {
+                let admin = Admin::new(self.state.proxy(proxy).admin_socket(name));
+                let shutdown = Shutdown::default();
+                let _ = drain(&admin, &shutdown, policy, self.reporter, proxy, name).await;
+                let _ = self.engine.stop(&id, STOP_TIMEOUT).await;
+            }
             f.log_tail = self
                 .engine
                 .logs_tail(&id, LOG_LINES)
@@ -503,12 +541,8 @@ impl Rollout<'_> {
         let deadline = Instant::now() + policy.startup_deadline;
         let mut last: String;
         loop {
-            match self.engine.state(id).await {
-                Ok(Some(RunState::Running)) => {}
-                Ok(state) => {
-                    return Err(failure(Gate::Exited, format!("container is {state:?}")));
-                }
-                Err(e) => return Err(failure(Gate::Exited, format!("{e:#}"))),
+            if let Err(reason) = self.still_running(id).await {
+                return Err(failure(Gate::Exited, reason));
             }
             match admin.ready().await {
                 Ok(ReadyState::Live) => break,
@@ -527,30 +561,65 @@ impl Rollout<'_> {
             tokio::time::sleep(POLL).await;
         }
         let ready_until = Instant::now() + policy.min_ready;
+        let mut admin_errors = 0;
         while Instant::now() < ready_until {
             tokio::time::sleep(POLL.min(policy.min_ready)).await;
-            match self.engine.state(id).await {
-                Ok(Some(RunState::Running)) => {}
-                Ok(state) => {
-                    return Err(failure(Gate::Exited, format!("container is {state:?}")));
-                }
-                Err(e) => return Err(failure(Gate::Exited, format!("{e:#}"))),
+            if let Err(reason) = self.still_running(id).await {
+                return Err(failure(Gate::Exited, reason));
             }
             match admin.ready().await {
                 Ok(ReadyState::Live) => {}
                 Ok(other) => {
                     return Err(failure(Gate::MinReady, format!("/ready says {other:?}")));
                 }
-                Err(e) => return Err(failure(Gate::MinReady, format!("{e:#}"))),
+                // One unanswered call on a loaded host is not a verdict: only a run of them.
+                Err(e) => {
+                    admin_errors += 1;
+                    if admin_errors >= MAX_ADMIN_ERRORS {
+                        return Err(failure(Gate::MinReady, format!("{e:#}")));
+                    }
+                    continue;
+                }
             }
+            admin_errors = 0;
         }
         Ok(())
     }
 
-    /// Retires a replica without losing a request: fail health checks, start a graceful drain,
-    /// close the listen sockets (the kernel sends new connections to the siblings, and with
-    /// `tcp_migrate_req` moves queued ones), wait for open connections to finish, then stop
-    /// and remove.
+    /// Ok while the container runs its first process; otherwise what happened to it. A
+    /// container the restart policy has restarted counts as exited: its Envoy died once.
+    async fn still_running(&self, id: &str) -> Result<(), String> {
+        let status = match self.engine.status(id).await {
+            Ok(Some(status)) => status,
+            Ok(None) => return Err("the container was removed".to_string()),
+            Err(e) => return Err(format!("{e:#}")),
+        };
+        let restarts = status.restart_count.unwrap_or(0);
+        if status.state == RunState::Running && restarts == 0 {
+            return Ok(());
+        }
+        let mut why = match status.state {
+            RunState::Running | RunState::Restarting => "Envoy exited".to_string(),
+            other => format!("the container is {other}"),
+        };
+        if let Some(code) = status.exit_code.filter(|c| *c != 0) {
+            why.push_str(&format!(" with code {code}"));
+        }
+        if status.oom_killed {
+            why.push_str(" (killed: out of memory)");
+        }
+        if restarts > 0 {
+            why.push_str(&format!(" (Docker restarted it {restarts} time(s))"));
+        }
+        if let Some(e) = status.error {
+            why.push_str(&format!(": {e}"));
+        }
+        Err(why)
+    }
+
+    /// Retires a replica without losing a request: fail health checks, drain gracefully until
+    /// its connections are gone, close the listen sockets (see [`drain`] for the order and
+    /// why), then stop and remove.
     pub async fn retire(
         &self,
         proxy: &str,
@@ -705,6 +774,24 @@ impl Rollout<'_> {
     }
 }
 
+/// How long a retiring replica keeps its listen sockets open past the minimum drain time while
+/// connections are still open, before they are closed anyway (see [`drain`]).
+const LISTEN_GRACE: Duration = Duration::from_secs(2);
+
+/// The drain sequence of DESIGN decision 6, in the order measured best under keep-alive load:
+///
+/// 1. `/healthcheck/fail` and `/drain_listeners?graceful&skip_exit`: Envoy answers every
+///    request with `connection: close`; its listen sockets stay open.
+/// 2. Wait for 0 downstream connections (not before `min_drain_duration`). A keep-alive
+///    client that reconnects lands on a sibling or, now and then, on this replica again and is
+///    closed after one response; once on a sibling it stays there, so the count falls to 0
+///    within the minimum drain time and the listen socket is idle.
+/// 3. `/drain_listeners`: close the listen sockets. Closing them while idle is what makes this
+///    order lose nothing even without `net.ipv4.tcp_migrate_req` (a connection still in a
+///    closing socket's accept queue is otherwise reset). Clients that open a new connection
+///    per request keep an open listener busy for ever, so after `LISTEN_GRACE` more the
+///    sockets are closed anyway (that relies on `tcp_migrate_req`, which berth sets).
+/// 4. Wait for the remaining connections, at most `drain_timeout` in all.
 async fn drain(
     admin: &Admin,
     shutdown: &Shutdown,
@@ -716,13 +803,19 @@ async fn drain(
     let started = Instant::now();
     admin.healthcheck_fail().await?;
     admin.drain_listeners(true).await?;
-    admin.drain_listeners(false).await?;
     let deadline = started + policy.drain_timeout;
     let earliest = started + shutdown.min_drain_duration;
+    let close_by = (earliest + LISTEN_GRACE).min(deadline);
+    let mut listening = true;
     loop {
         let open = admin.downstream_connections().await.unwrap_or(0);
         let now = Instant::now();
-        if (open == 0 && now >= earliest) || now >= deadline {
+        if listening && ((open == 0 && now >= earliest) || now >= close_by) {
+            admin.drain_listeners(false).await?;
+            listening = false;
+            continue;
+        }
+        if !listening && ((open == 0 && now >= earliest) || now >= deadline) {
             reporter.event(
                 Event::new(proxy, "drained")
                     .container(container)
@@ -755,7 +848,12 @@ fn run_dir_name(container: &ContainerRef, observed: &[ObservedContainer]) -> Str
 /// replacements the planner did not name (tampered files, rollback).
 fn fresh_name(desired: &DesiredProxy, slot: u32, observed: &[ObservedContainer]) -> String {
     let base = spec::replica_name(&desired.spec.proxy, slot, &desired.hash);
-    let taken = |n: &str| observed.iter().any(|c| c.name == n);
+    // Recorded names key admin socket directories: they stay taken after a rename.
+    let taken = |n: &str| {
+        observed
+            .iter()
+            .any(|c| c.name == n || c.recorded_name() == Some(n))
+    };
     (0..)
         .map(|i| {
             if i == 0 {

@@ -224,7 +224,9 @@ fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
     };
     for entry in entries.filter_map(|e| e.ok()) {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Ok(kind) = entry.file_type() else { continue };
+        let Ok(kind) = entry.file_type() else {
+            continue;
+        };
         if kind.is_file() && is_leftover_temp(&name) {
             fs::remove_file(entry.path())
                 .with_context(|| format!("cannot remove {}", entry.path().display()))?;

@@ -41,7 +41,9 @@
 //!
 //! New containers are named [`replica_name`]; when that name is taken by any observed container
 //! (e.g. replacing a drifted container of the same spec, whose name is the same) a `-1`, `-2`, …
-//! suffix is added. The chosen name is in the action.
+//! suffix is added. The chosen name is in the action. A name is also taken while a container
+//! *recorded* under it exists (renamed by hand): the recorded name keys that container's admin
+//! socket directory, which a new container of the same name would share.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -433,8 +435,18 @@ struct ProxyActions {
 /// If `desired` names a proxy twice, the first one counts (the sources reject that).
 pub fn plan(desired: &[DesiredProxy], observed: &[ObservedContainer]) -> Plan {
     let mut notes = Vec::new();
+    // A container's recorded name (its `io.berth.name` label) names its admin socket
+    // directory, so it stays taken while the container exists, even after a rename.
     let mut names = Names {
-        taken: observed.iter().map(|c| c.name.clone()).collect(),
+        taken: observed
+            .iter()
+            .map(|c| c.name.clone())
+            .chain(
+                observed
+                    .iter()
+                    .filter_map(|c| c.recorded_name().map(str::to_string)),
+            )
+            .collect(),
     };
 
     let mut wanted: BTreeMap<&str, &DesiredProxy> = BTreeMap::new();

@@ -411,7 +411,7 @@ fn restart_policy_changed_is_replaced() {
 }
 
 #[test]
-fn renamed_container_is_replaced_under_its_own_name() {
+fn renamed_container_is_replaced_under_a_new_name() {
     let d = desired("edge", 1, &[8080]);
     let mut obs = fleet(&d);
     let original = obs[0].name.clone();
@@ -426,12 +426,38 @@ fn renamed_container_is_replaced_under_its_own_name() {
                 id: obs[0].id.clone(),
                 name: "my-envoy".into()
             },
-            // Its recorded name is free again: the replacement takes it.
-            new_name: original.clone(),
+            // Its recorded name still keys its admin socket directory until it is removed:
+            // the replacement must not share it.
+            new_name: format!("{original}-1"),
             reason: ReplaceReason::Drifted {
                 what: format!("name {original} → my-envoy (live)")
             },
         }]
+    );
+}
+
+#[test]
+fn new_names_avoid_recorded_names_of_renamed_containers() {
+    // Slot 0 renamed by hand and the spec changed: the new slot-0 name must not be the old
+    // container's recorded name either, nor any live one.
+    let old = desired("edge", 2, &[8080]);
+    let mut obs = fleet(&old);
+    obs[1].name = "renamed".into();
+    let new = with_image("edge", 2, "envoyproxy/envoy:v9.9.9");
+    let recorded: BTreeSet<String> = obs
+        .iter()
+        .flat_map(|c| [c.name.clone(), c.recorded_name().unwrap().to_string()])
+        .collect();
+    let p = plan(std::slice::from_ref(&new), &obs);
+    assert_eq!(p.actions.len(), 2);
+    for a in &p.actions {
+        assert!(!recorded.contains(a.new_name().unwrap()), "{a}");
+    }
+    // Same spec, renamed: the replacement gets a suffix instead of the recorded name.
+    let p = plan(std::slice::from_ref(&old), &obs);
+    assert_eq!(
+        p.actions[0].new_name(),
+        Some(format!("{}-1", replica_name("edge", 1, &old.hash)).as_str())
     );
 }
 

@@ -35,6 +35,9 @@ pub struct Config {
     pub path: PathBuf,
     /// `state_dir`, made absolute (relative paths are relative to the config file).
     pub state_dir: Option<PathBuf>,
+    /// `tune_host` (default true): berth may set host settings replicas depend on
+    /// (`net.ipv4.tcp_migrate_req=1`) when it runs as root.
+    pub tune_host: bool,
     pub infra: ir::Infra,
 }
 
@@ -132,6 +135,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
     let mut cx = doc::Ctx::new(path, text);
     let state_dir;
+    let tune_host;
     let infra;
     {
         let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
@@ -151,7 +155,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
             return Err(cx.finish());
         }
         let root = doc::Tbl::root(root.get_ref(), root.span());
-        (state_dir, infra) = proxy::root(&mut cx, &root);
+        (state_dir, tune_host, infra) = proxy::root(&mut cx, &root);
     }
     if cx.has_errors() {
         return Err(cx.finish());
@@ -159,6 +163,32 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
     Ok(Config {
         path: path.to_path_buf(),
         state_dir,
+        tune_host,
         infra,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PROXY: &str = "[[proxy]]\nname = \"p\"\n[[proxy.listener]]\nname = \"web\"\nport = 8080\nprotocol = \"http\"\n[[proxy.listener.route]]\npath_prefix = \"/\"\ndirect_response = { status = 200 }\n";
+
+    #[test]
+    fn tune_host_defaults_to_true_and_must_be_a_boolean() {
+        let path = Path::new("/etc/berth/berth.toml");
+        assert!(parse(path, PROXY).unwrap().tune_host);
+        let off = format!("tune_host = false\n{PROXY}");
+        assert!(!parse(path, &off).unwrap().tune_host);
+        let bad = format!("tune_host = \"no\"\n{PROXY}");
+        let errs = parse(path, &bad).unwrap_err().0;
+        assert_eq!(errs.len(), 1);
+        assert_eq!((errs[0].line, errs[0].column), (1, 13));
+        assert_eq!(errs[0].field, "tune_host");
+        assert!(
+            errs[0].message.contains("must be true or false"),
+            "{}",
+            errs[0]
+        );
+    }
 }

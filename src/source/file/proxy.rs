@@ -18,7 +18,7 @@ pub const MAX_CONCURRENCY: i64 = 128;
 /// Envoy does not run in less.
 pub const MIN_MEMORY: u64 = 32 << 20;
 
-const ROOT_KEYS: &[&str] = &["state_dir", "proxy"];
+const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "proxy"];
 const PROXY_KEYS: &[&str] = &[
     "name",
     "namespace",
@@ -55,8 +55,26 @@ impl Ports {
     }
 }
 
-pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, ir::Infra) {
+/// The top level: `state_dir`, `tune_host` (default true) and the proxies.
+pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, bool, ir::Infra) {
     t.check_keys(cx, ROOT_KEYS);
+    let tune_host = match t.get("tune_host") {
+        None => true,
+        Some(v) => match v.get_ref() {
+            toml::de::DeValue::Boolean(b) => *b,
+            other => {
+                cx.err(
+                    &v.span(),
+                    &t.field("tune_host"),
+                    format!(
+                        "must be true or false (may berth set net.ipv4.tcp_migrate_req=1), got {}",
+                        doc::kind(other)
+                    ),
+                );
+                true
+            }
+        },
+    };
     let state_dir = t.str(cx, "state_dir").and_then(|s| {
         if s.v.is_empty() {
             s.err(cx, "must be a directory path, got an empty string");
@@ -87,7 +105,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, ir::Infra) {
         let proxy = proxy(cx, p, &mut ports, &mut names);
         infra.proxies.push(proxy);
     }
-    (state_dir, infra)
+    (state_dir, tune_host, infra)
 }
 
 /// Reports a duplicate name (first occurrence wins); `what` is e.g. "proxy".
