@@ -42,6 +42,8 @@ pub enum Gate {
     Ready,
     /// The container exited while starting or during the minimum ready time.
     Exited,
+    /// Ready, but not every listener is bound (e.g. a port taken, or not allowed).
+    Listeners,
     /// Ready, but not for the whole minimum ready time.
     MinReady,
 }
@@ -52,6 +54,7 @@ impl fmt::Display for Gate {
             Gate::Start => "start",
             Gate::Ready => "ready within the startup deadline",
             Gate::Exited => "stay running",
+            Gate::Listeners => "bind all its listeners",
             Gate::MinReady => "stay ready for the minimum ready time",
         })
     }
@@ -217,9 +220,16 @@ impl Rollout<'_> {
                 } => {
                     self.engine.start(&container.id).await?;
                     let run_name = run_dir_name(container, observed);
-                    self.gate(name, *slot, &container.id, &run_name, policy)
-                        .await
-                        .map_err(anyhow::Error::new)?;
+                    self.gate(
+                        name,
+                        *slot,
+                        &container.id,
+                        &run_name,
+                        policy,
+                        desired.listeners,
+                    )
+                    .await
+                    .map_err(anyhow::Error::new)?;
                     self.reporter.event(
                         Event::new(name, "started")
                             .slot(*slot)
@@ -485,7 +495,10 @@ impl Rollout<'_> {
         };
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
-        if let Err(mut f) = self.gate(proxy, slot, &id, name, policy).await {
+        if let Err(mut f) = self
+            .gate(proxy, slot, &id, name, policy, desired.listeners)
+            .await
+        {
             // A replica that failed during the minimum ready time may already be serving:
             // drain it like any other before it goes.
             if matches!(self.engine.state(&id).await, Ok(Some(RunState::Running))) {
@@ -527,6 +540,7 @@ impl Rollout<'_> {
         id: &str,
         run_name: &str,
         policy: &RolloutPolicy,
+        listeners: u32,
     ) -> Result<(), GateFailure> {
         let admin = Admin::new(self.state.proxy(proxy).admin_socket(run_name));
         let failure = |gate: Gate, reason: String| GateFailure {
@@ -559,6 +573,13 @@ impl Rollout<'_> {
                 ));
             }
             tokio::time::sleep(POLL).await;
+        }
+        // LIVE means initialised, not serving: a listener Envoy could not bind is only a
+        // rejected LDS update in its log.
+        if listeners > 0 {
+            if let Err(reason) = listeners_active(&admin, listeners).await {
+                return Err(failure(Gate::Listeners, reason));
+            }
         }
         let ready_until = Instant::now() + policy.min_ready;
         let mut admin_errors = 0;
@@ -832,6 +853,38 @@ async fn drain(
         ));
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// Ok when `want` listeners are active and no listener update was rejected; a few tries, as
+/// the stats may lag the LIVE state by a moment.
+async fn listeners_active(admin: &Admin, want: u32) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..MAX_ADMIN_ERRORS * 3 {
+        match admin.stats().await {
+            Ok(stats) => {
+                let active = stats
+                    .get("listener_manager.total_listeners_active")
+                    .copied()
+                    .unwrap_or(0);
+                let rejected = stats
+                    .get("listener_manager.lds.update_rejected")
+                    .copied()
+                    .unwrap_or(0);
+                if rejected > 0 {
+                    return Err(format!(
+                        "Envoy rejected its listeners ({active} of {want} active); its log says why"
+                    ));
+                }
+                if active >= u64::from(want) {
+                    return Ok(());
+                }
+                last = format!("{active} of {want} listeners active");
+            }
+            Err(e) => last = format!("{e:#}"),
+        }
+        tokio::time::sleep(POLL).await;
+    }
+    Err(last)
 }
 
 /// The name a container's admin socket directory was created under (its original name).

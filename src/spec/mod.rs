@@ -66,6 +66,10 @@ pub struct DesiredProxy {
     pub spec: ProxySpec,
     pub hash: String,
     pub replicas: u32,
+    /// Listeners a ready replica must have active: one per listener port in standalone mode;
+    /// 0 in xds mode, where Envoy Gateway pushes them.
+    #[serde(default)]
+    pub listeners: u32,
 }
 
 /// One replica container, ready to hand to the engine.
@@ -408,10 +412,15 @@ pub fn desired_proxy(
         labels: proxy.metadata.labels.clone(),
     };
     let hash = spec.hash();
+    let listeners = match proxy.routing {
+        ir::Routing::Standalone(_) => proxy.host_ports().len() as u32,
+        ir::Routing::Xds(_) => 0,
+    };
     DesiredProxy {
         spec,
         hash,
         replicas: cfg.replicas,
+        listeners,
     }
 }
 

@@ -1,0 +1,73 @@
+//! The readiness gate means serving, not only initialised: a replica whose listener cannot
+//! bind reports /ready LIVE all the same (Envoy only logs a rejected LDS update), and berth must
+//! refuse it. Preflight normally catches a held port, so this drives the library's rollout
+//! directly, as a port taken between preflight and start would.
+
+mod common;
+
+use std::path::Path;
+
+use berth::desired;
+use berth::docker::Engine;
+use berth::progress::Reporter;
+use berth::render::Renderer;
+use berth::rollout::{Gate, GateFailure, Rollout};
+use berth::source::file;
+use berth::state::StateDir;
+use common::{free_port, short_tempdir, Cleanup};
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test]
+async fn a_replica_that_cannot_bind_its_listener_fails_the_gate() {
+    let image = common::ensure_test_image();
+    let cleanup = Cleanup::new("gate-bind");
+    let dir = short_tempdir();
+    let port = free_port();
+    // Held without SO_REUSEPORT, so Envoy's listener cannot join it.
+    let _holder = std::net::TcpListener::bind(("0.0.0.0", port)).unwrap();
+    let text = format!(
+        r#"
+[[proxy]]
+name = "gatebind"
+image = "{image}"
+replicas = 1
+[proxy.rollout]
+min_ready = "0s"
+startup_deadline = "20s"
+[[proxy.listener]]
+name = "web"
+port = {port}
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200 }}
+"#
+    );
+    let config = file::parse(Path::new("gate.toml"), &text).unwrap();
+    let state_path = dir.path().join("s");
+    let state = StateDir::open(&state_path).unwrap();
+    let targets = desired::targets(&config.infra, &Renderer::builtin(), &state_path, 2).unwrap();
+    let engine = Engine::connect().await.unwrap();
+    let reporter = Reporter::quiet();
+    let rollout = Rollout {
+        engine: &engine,
+        state: &state,
+        reporter: &reporter,
+        extra_labels: cleanup.labels(),
+        cancel: CancellationToken::new(),
+    };
+    let err = rollout
+        .converge(&targets, &[])
+        .await
+        .expect_err("a replica without its listener must not pass the gate");
+    let failure = err
+        .downcast_ref::<GateFailure>()
+        .unwrap_or_else(|| panic!("expected a gate failure, got {err:#}"));
+    assert_eq!(failure.gate, Gate::Listeners, "{failure}");
+    assert!(
+        failure.log_tail.contains("cannot bind"),
+        "the log tail shows Envoy's reason:\n{}",
+        failure.log_tail
+    );
+    let left = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    assert!(left.is_empty(), "the failed replica is removed: {left:?}");
+}
