@@ -14,6 +14,7 @@ use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, ReadyState};
+use crate::crashpoint;
 use crate::desired::Target;
 use crate::docker::Engine;
 use crate::ir::{OnFailure, RolloutPolicy, Shutdown};
@@ -185,10 +186,12 @@ impl Rollout<'_> {
                 .engine
                 .ensure_image(&desired.spec.image, self.reporter.shows_progress())
                 .await?;
+            crashpoint::reached("after-pull");
             if self.spec_is_proven(desired, observed) {
                 self.copy_tls(target)?;
             } else {
                 self.validate_target(target).await?;
+                crashpoint::reached("after-validate");
             }
             id
         } else {
@@ -386,7 +389,7 @@ impl Rollout<'_> {
         self.reporter
             .waiting(format!("{name}: envoy --mode validate"));
         let dir = tempfile::Builder::new()
-            .prefix("berth-validate-")
+            .prefix(crate::state::VALIDATION_DIR_PREFIX)
             .tempdir_in(self.state.root())
             .context("cannot create a validation directory")?;
         let bootstrap = render::validation_bootstrap(&target.rendered)?;
@@ -493,6 +496,7 @@ impl Rollout<'_> {
             Ok(id) => id,
             Err(e) => return Err(failure(Gate::Start, format!("{e:#}"))),
         };
+        crashpoint::reached("after-create");
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self
@@ -528,6 +532,7 @@ impl Rollout<'_> {
                 .container(name)
                 .message(format!("in {:.1}s", started.elapsed().as_secs_f64())),
         );
+        crashpoint::reached("after-ready");
         Ok(())
     }
 
@@ -678,6 +683,7 @@ impl Rollout<'_> {
             self.engine.stop(&container.id, STOP_TIMEOUT).await?;
         }
         self.engine.remove(&container.id).await?;
+        crashpoint::reached("after-remove");
         let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(&run_name));
         self.reporter
             .event(Event::new(proxy, "removed").container(&container.name));
@@ -730,7 +736,9 @@ impl Rollout<'_> {
                 .await
             {
                 Ok(_) => {
-                    let current = self.engine.observe().await.unwrap_or_default();
+                    crashpoint::reached("mid-rollback");
+                    let only = BTreeSet::from([name.to_string()]);
+                    let current = self.engine.observe_proxies(&only).await.unwrap_or_default();
                     if let Some(c) = current.iter().find(|c| c.name == *new_name) {
                         let r = ContainerRef {
                             id: c.id.clone(),
@@ -768,7 +776,10 @@ impl Rollout<'_> {
     /// Removes files nothing uses any more: old generations, specs and run directories.
     async fn prune(&self, target: &Target) -> Result<()> {
         let name = target.name();
-        let current = self.engine.observe().await?;
+        let current = self
+            .engine
+            .observe_proxies(&BTreeSet::from([name.to_string()]))
+            .await?;
         let mine: Vec<&ObservedContainer> =
             current.iter().filter(|c| c.proxy() == Some(name)).collect();
         let hashes: BTreeSet<String> = mine
@@ -824,6 +835,7 @@ async fn drain(
     let started = Instant::now();
     admin.healthcheck_fail().await?;
     admin.drain_listeners(true).await?;
+    crashpoint::reached("mid-drain");
     let deadline = started + policy.drain_timeout;
     let earliest = started + shutdown.min_drain_duration;
     let close_by = (earliest + LISTEN_GRACE).min(deadline);

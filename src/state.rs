@@ -217,7 +217,11 @@ impl StateDir {
     }
 }
 
-/// Removes temp files of writes a crash interrupted before their rename, `depth` levels down.
+/// Scratch directories `envoy --mode validate` runs on; a crash can leave one behind.
+pub const VALIDATION_DIR_PREFIX: &str = "berth-validate-";
+
+/// Removes temp files of writes a crash interrupted before their rename, and scratch
+/// validation directories, `depth` levels down.
 fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(());
@@ -227,11 +231,14 @@ fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
         let Ok(kind) = entry.file_type() else {
             continue;
         };
-        if kind.is_file() && is_leftover_temp(&name) {
-            fs::remove_file(entry.path())
-                .with_context(|| format!("cannot remove {}", entry.path().display()))?;
+        let path = entry.path();
+        if kind.is_dir() && name.starts_with(VALIDATION_DIR_PREFIX) {
+            fs::remove_dir_all(&path)
+                .with_context(|| format!("cannot remove {}", path.display()))?;
+        } else if kind.is_file() && is_leftover_temp(&name) {
+            fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
         } else if kind.is_dir() && depth > 0 && name != "run" {
-            sweep_leftover_temps(&entry.path(), depth - 1)?;
+            sweep_leftover_temps(&path, depth - 1)?;
         }
     }
     Ok(())

@@ -1,0 +1,284 @@
+//! One proxy managed by the real `berth` binary under test: its config, state directory, port
+//! and containers, plus the helpers the rollout and crash tests share (load, sabotage).
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use berth::admin::Admin;
+use berth::docker::Engine;
+use berth::layout;
+use berth::spec::{ObservedContainer, RunState, LABEL_NAME};
+
+use super::load::{Load, LoadReport};
+use super::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};
+
+pub const OLD: &str = "berth-test/envoy:1.39.3";
+pub const NEW: &str = "berth-test/envoy:1.40.0";
+pub const BROKEN: &str = "berth-test/envoy:exits-at-start";
+pub const PROXY: &str = "roll";
+pub const CONNECTIONS: usize = 48;
+
+pub static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub fn ensure_images() {
+    static DONE: OnceLock<()> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/test-images.sh");
+        let out = std::process::Command::new(&script)
+            .output()
+            .expect("running scripts/test-images.sh");
+        assert!(
+            out.status.success(),
+            "scripts/test-images.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    });
+}
+
+/// One proxy managed by the real binary, with its own config, state directory and port.
+pub struct Fleet {
+    pub cleanup: Cleanup,
+    pub dir: tempfile::TempDir,
+    pub port: u16,
+    pub engine: Engine,
+}
+
+/// What a config varies in these tests.
+#[derive(Clone)]
+pub struct Settings {
+    pub image: &'static str,
+    pub replicas: u32,
+    /// Extra TOML appended to the `[[proxy]]` table (before its sub-tables).
+    pub proxy_extra: String,
+    pub on_failure: &'static str,
+    pub min_ready: &'static str,
+}
+
+impl Settings {
+    pub fn new(image: &'static str, replicas: u32) -> Settings {
+        Settings {
+            image,
+            replicas,
+            proxy_extra: String::new(),
+            on_failure: "rollback",
+            min_ready: "1s",
+        }
+    }
+}
+
+impl Fleet {
+    pub async fn new(name: &str) -> Fleet {
+        ensure_images();
+        Fleet {
+            cleanup: Cleanup::new(name),
+            dir: short_tempdir(),
+            port: free_port(),
+            engine: Engine::connect().await.expect("docker"),
+        }
+    }
+
+    pub fn config(&self) -> PathBuf {
+        self.dir.path().join("berth.toml")
+    }
+
+    pub fn state(&self) -> PathBuf {
+        self.dir.path().join("s")
+    }
+
+    pub fn write(&self, s: &Settings) {
+        let toml = format!(
+            r#"
+[[proxy]]
+name = "{PROXY}"
+image = "{image}"
+replicas = {replicas}
+concurrency = 1
+{extra}
+[proxy.resources]
+memory = "256Mi"
+
+[proxy.rollout]
+startup_deadline = "20s"
+min_ready = "{min_ready}"
+drain_timeout = "10s"
+on_failure = "{on_failure}"
+
+[[proxy.listener]]
+name = "web"
+port = {port}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "hello from berth\n" }}
+"#,
+            image = s.image,
+            replicas = s.replicas,
+            extra = s.proxy_extra,
+            min_ready = s.min_ready,
+            on_failure = s.on_failure,
+            port = self.port,
+        );
+        std::fs::write(self.config(), toml).unwrap();
+    }
+
+    /// `berth up` with `--output json`; returns the process output.
+    pub async fn up(&self) -> Output {
+        self.up_with(&[]).await
+    }
+
+    /// `berth up --output json` with extra environment variables.
+    pub async fn up_with(&self, env: &[(&str, &str)]) -> Output {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .envs(env.iter().copied())
+            .arg("-f")
+            .arg(self.config())
+            .arg("--state-dir")
+            .arg(self.state())
+            .args(["--container-label", "io.berth.test=1"])
+            .arg("--container-label")
+            .arg(format!("{LABEL_TEST_CASE}={}", self.cleanup.case))
+            .args(["--output", "json", "up"])
+            .output()
+            .await
+            .expect("running berth");
+        eprintln!(
+            "berth up: {}\n--- stdout\n{}--- stderr\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        out
+    }
+
+    pub async fn up_ok(&self) -> Output {
+        let out = self.up().await;
+        assert!(out.status.success(), "berth up failed");
+        out
+    }
+
+    /// This test's replicas, by slot then name.
+    pub async fn replicas(&self) -> Vec<ObservedContainer> {
+        let mut cs = self
+            .engine
+            .observe_labelled(&self.cleanup.filter())
+            .await
+            .unwrap();
+        cs.retain(|c| c.is_managed());
+        cs.sort_by_key(|c| (c.slot(), c.name.clone()));
+        cs
+    }
+
+    /// (slot, container ID) of every replica.
+    pub async fn ids(&self) -> Vec<(Option<u32>, String)> {
+        self.replicas()
+            .await
+            .into_iter()
+            .map(|c| (c.slot(), c.id))
+            .collect()
+    }
+
+    pub fn admin(&self, c: &ObservedContainer) -> Admin {
+        let run = c.label(LABEL_NAME).unwrap_or(&c.name);
+        Admin::new(
+            layout::ProxyDirs::new(&self.state(), PROXY)
+                .run(run)
+                .join(layout::ADMIN_SOCKET_FILE),
+        )
+    }
+
+    pub fn load(&self) -> Load {
+        Load::start(self.port, "/", CONNECTIONS, Duration::from_secs(300))
+    }
+
+    /// Every replica runs, one per slot `0..n`, and all report `version` in /server_info.
+    pub async fn assert_serving(&self, n: u32, version: &str) {
+        let cs = self.replicas().await;
+        let slots: Vec<Option<u32>> = cs.iter().map(|c| c.slot()).collect();
+        assert_eq!(
+            slots,
+            (0..n).map(Some).collect::<Vec<_>>(),
+            "one replica per slot: {cs:#?}"
+        );
+        for c in &cs {
+            assert_eq!(c.state, RunState::Running, "{}", c.name);
+            let v = self.admin(c).server_version().await.unwrap();
+            assert!(v.contains(&format!("/{version}/")), "{}: {v}", c.name);
+        }
+    }
+}
+
+pub fn assert_no_failures(what: &str, report: &LoadReport) {
+    eprintln!("{what}: {}", report.summary());
+    assert!(
+        report.ok > 100,
+        "{what}: the load barely ran: {}",
+        report.summary()
+    );
+    assert_eq!(report.failed, 0, "{what}: {}", report.summary());
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn events(out: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+pub fn count_events(out: &Output, event: &str) -> usize {
+    events(out).iter().filter(|e| e["event"] == event).count()
+}
+
+/// Sleeps a little with the load running, so "during" covers some steady state.
+pub async fn settle() {
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
+/// Starts `stop_new_in_slot` as a task: as soon as a replacement container appears in `slot`
+/// (a name not in `before`), it is stopped (`docker stop -t 0`), so its gate fails there.
+pub fn sabotage_slot(
+    fleet: &Fleet,
+    slot: u32,
+    before: Vec<String>,
+) -> tokio::task::JoinHandle<Option<String>> {
+    let filter = fleet.cleanup.filter();
+    tokio::spawn(async move {
+        let engine = Engine::connect().await.unwrap();
+        for _ in 0..600 {
+            let cs = engine.observe_labelled(&filter).await.unwrap_or_default();
+            if let Some(c) = cs
+                .iter()
+                .find(|c| c.slot() == Some(slot) && !before.contains(&c.name))
+            {
+                let out = tokio::process::Command::new("docker")
+                    .args(["stop", "-t", "0", &c.id])
+                    .output()
+                    .await
+                    .unwrap();
+                assert!(out.status.success(), "docker stop failed");
+                return Some(c.name.clone());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    })
+}
+
+pub fn docker(args: &[&str]) {
+    let out = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
