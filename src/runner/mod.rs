@@ -92,6 +92,13 @@ pub struct Desired {
     pub generations: BTreeMap<String, u64>,
 }
 
+/// A live update that failed, and when it may be tried again (None: after the next edit).
+#[derive(Debug, Clone, Copy)]
+pub struct Failed {
+    pub generation: u64,
+    pub retry_after: Option<std::time::Instant>,
+}
+
 /// What the components share.
 pub struct Shared {
     pub opts: Options,
@@ -102,9 +109,8 @@ pub struct Shared {
     pub record: Mutex<Record>,
     /// Proxies with a reconcile running now, and what it is doing.
     pub busy: Mutex<BTreeMap<String, String>>,
-    /// Proxy → the generation every replica refused as a live update (not retried until the
-    /// next edit).
-    pub rejected: Mutex<BTreeMap<String, u64>>,
+    /// Proxy → the generation whose live update failed.
+    pub rejected: Mutex<BTreeMap<String, Failed>>,
     pub triggers: mpsc::UnboundedSender<Trigger>,
 }
 

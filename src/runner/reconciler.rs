@@ -35,6 +35,10 @@ use crate::spec::{
     LiveSettings, ObservedContainer, RunState, LABEL_NAME, LABEL_PROXY, MANAGED_BY_VALUE,
 };
 
+/// How long a live update that some replica did not confirm (no verdict before the deadline)
+/// waits before it is tried again; one that a replica rejected waits for the next edit.
+const RETRY_UNCONFIRMED: Duration = Duration::from_secs(60);
+
 pub async fn run(
     shared: Arc<Shared>,
     mut rx: mpsc::UnboundedReceiver<Trigger>,
@@ -219,14 +223,22 @@ async fn converge(
 
     let replicas = live::replicas(&shared.state, name, &mine);
     if on_disk != stamped && !on_disk.is_empty() && !replicas.is_empty() {
-        let refused_before = shared
+        let failed_before = shared
             .rejected
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(name)
             .copied();
-        if refused_before == Some(generation) {
-            // Every replica refused this generation already; a new edit will try again.
+        let wait = match failed_before {
+            Some(f) if f.generation == generation => match f.retry_after {
+                None => true,
+                Some(at) => Instant::now() < at,
+            },
+            _ => false,
+        };
+        if wait {
+            // This generation was refused (not retried until the next edit) or not confirmed
+            // (retried after a backoff): the previous files stay.
             files = on_disk.clone();
         } else {
             pass.live = true;
@@ -296,13 +308,17 @@ async fn converge(
                             ("outcome", if refused { "rejected" } else { "unconfirmed" }),
                         ],
                     );
-                    if refused {
-                        shared
-                            .rejected
-                            .lock()
-                            .unwrap_or_else(|e| e.into_inner())
-                            .insert(name.to_string(), generation);
-                    }
+                    shared
+                        .rejected
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(
+                            name.to_string(),
+                            super::Failed {
+                                generation,
+                                retry_after: (!refused).then(|| Instant::now() + RETRY_UNCONFIRMED),
+                            },
+                        );
                     log(
                         shared.opts.mode,
                         &format!("{name}: {e:#} (after {} ms)", t0.elapsed().as_millis()),
@@ -387,8 +403,7 @@ async fn converge(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(name)
-        .copied()
-        == Some(generation);
+        .is_some_and(|f| f.generation == generation);
     shared.update_record(|rec| {
         let Some(p) = rec.proxies.get_mut(name) else {
             return;
