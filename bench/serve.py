@@ -97,6 +97,12 @@ def cleanup(d, state):
     shutil.rmtree(d, ignore_errors=True)
 
 
+def fleet(body0="bench0\\n"):
+    """The fleet, with proxy names of its own (other benchmarks use bench0…)."""
+    text = fleet_toml(PROXIES, REPLICAS, BASE, min_ready="0s").replace('name = "bench', 'name = "sv')
+    return text.replace('body = "bench0\\n"', f'body = "{body0}"')
+
+
 def write_config(path, text):
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
@@ -108,7 +114,7 @@ def main():
     d = tempfile.mkdtemp(prefix="bsv")
     state = tempfile.mkdtemp(prefix="bss", dir="/tmp")
     cfg = os.path.join(d, "berth.toml")
-    write_config(cfg, fleet_toml(PROXIES, REPLICAS, BASE, min_ready="0s"))
+    write_config(cfg, fleet())
     log = open(os.path.join(d, "serve.log"), "w")
     serve = subprocess.Popen(
         [BERTH, "-f", cfg, "--state-dir", state, "--container-label", LABEL, "serve",
@@ -125,10 +131,10 @@ def main():
         idle_kib = rss_kib(serve.pid)
 
         # Drift repair: docker rm -f one replica; until its replacement reports LIVE.
-        run_dir = os.path.join(state, "proxies", "bench0", "run")
+        run_dir = os.path.join(state, "proxies", "sv0", "run")
         drift = []
         for i in range(ROUNDS):
-            names = sh("docker", "ps", "--filter", f"label={LABEL}", "--filter", "label=io.berth.proxy=bench0",
+            names = sh("docker", "ps", "--filter", f"label={LABEL}", "--filter", "label=io.berth.proxy=sv0",
                        "--format", "{{.Names}}").stdout.split()
             victim = sorted(names)[i % len(names)]
             t0 = time.time()
@@ -145,7 +151,7 @@ def main():
                             fresh.append(sock)
                     except OSError:
                         pass
-                if any(unix_get(s, "/ready") == "LIVE\n" for s in fresh):
+                if any("LIVE" in (unix_get(s, "/ready") or "") for s in fresh):
                     break
                 if time.monotonic() - m0 > 30:
                     raise SystemExit("no replacement within 30s")
@@ -159,11 +165,10 @@ def main():
         route = []
         for i in range(ROUNDS):
             st = status()
-            p = next(p for p in st["proxies"] if p["name"] == "bench0")
+            p = next(p for p in st["proxies"] if p["name"] == "sv0")
             want = str(p["desiredGeneration"] + 1)
             socks = [os.path.join(run_dir, r["container"], "admin.sock") for r in p["replicas"]]
-            text = fleet_toml(PROXIES, REPLICAS, BASE, min_ready="0s").replace(
-                'body = "bench0\\n"', f'body = "bench0 round {i}\\n"')
+            text = fleet(f"bench0 round {i}\\n")
             t0 = time.monotonic()
             write_config(cfg, text)
             pending = set(socks)
@@ -195,6 +200,11 @@ def main():
             ("serve resident memory after the rounds and a /metrics scrape", f"{after_kib / 1024:.1f} MiB", ""),
             ("/metrics scrape (30 replicas, %d lines)" % metrics.count("\n"), ms(scrape), ""),
         ]
+    except BaseException:
+        log.flush()
+        with open(os.path.join(d, "serve.log")) as f:
+            sys.stderr.write("serve log (last lines):\n" + "".join(f.readlines()[-25:]))
+        raise
     finally:
         serve.send_signal(signal.SIGTERM)
         try:

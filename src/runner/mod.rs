@@ -112,9 +112,23 @@ pub struct Shared {
     /// Proxy → the generation whose live update failed.
     pub rejected: Mutex<BTreeMap<String, Failed>>,
     pub triggers: mpsc::UnboundedSender<Trigger>,
+    /// Held (shared) by every reconcile and (exclusive) while a new proxy's state directory is
+    /// created: `Rollout::converge` removes the state of proxies it is not told about, so no
+    /// state directory may appear while a reconcile runs that has not seen it.
+    pub structure: tokio::sync::RwLock<()>,
 }
 
 impl Shared {
+    /// Whether a container is this serve's: it carries every extra label this serve puts on
+    /// the containers it creates (so serves with different `--container-label`s on one host,
+    /// such as tests and benchmarks, never touch each other's containers).
+    pub fn is_mine(&self, c: &crate::spec::ObservedContainer) -> bool {
+        self.opts
+            .extra_labels
+            .iter()
+            .all(|(k, v)| c.label(k) == Some(v.as_str()))
+    }
+
     pub fn trigger(&self, t: Trigger) {
         let source = match &t {
             Trigger::All(s) | Trigger::Proxy(_, s) => *s,
@@ -199,6 +213,17 @@ impl Shared {
     }
 }
 
+/// Creates a proxy's directory in the state directory (mode 0755, as `StateDir` makes them).
+pub(crate) fn create_proxy_dir(state: &StateDir, name: &str) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = state.proxy(name).root().to_path_buf();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
 /// Loads and renders the config against the state directory.
 fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
     let config = file::load(&opts.config)?;
@@ -242,8 +267,21 @@ pub async fn run(opts: Options) -> Result<()> {
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),
         triggers: tx,
+        structure: tokio::sync::RwLock::new(()),
     });
     shared.reload()?;
+    // Every proxy's state directory exists before any reconcile runs (see `structure`).
+    let names: Vec<String> = shared
+        .desired
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .targets
+        .keys()
+        .cloned()
+        .collect();
+    for name in names {
+        create_proxy_dir(&shared.state, &name)?;
+    }
     let cancel = CancellationToken::new();
 
     // Bind before anything runs, so a port in use fails at once.

@@ -176,7 +176,7 @@ async fn observe(shared: &Shared, name: &str) -> Result<Vec<ObservedContainer>> 
         .engine
         .observe_labelled(&format!("{LABEL_PROXY}={name}"))
         .await?;
-    mine.retain(|c| c.is_managed() && c.proxy() == Some(name));
+    mine.retain(|c| c.is_managed() && c.proxy() == Some(name) && shared.is_mine(c));
     Ok(mine)
 }
 
@@ -185,10 +185,7 @@ async fn observe(shared: &Shared, name: &str) -> Result<Vec<ObservedContainer>> 
 /// managed-by label, so the planner never acts on them (see the report: a per-proxy converge
 /// in `rollout.rs` would make this unnecessary).
 fn keepers(shared: &Shared, name: &str) -> Vec<ObservedContainer> {
-    shared
-        .state
-        .proxies()
-        .unwrap_or_default()
+    owned(shared)
         .into_iter()
         .filter(|p| p != name)
         .map(|p| ObservedContainer {
@@ -214,6 +211,12 @@ async fn converge(
 ) -> Result<Pass> {
     let name = target.name();
     let started = Instant::now();
+    if !shared.state.proxy(name).root().exists() {
+        // A proxy added while others reconcile: wait until none runs, then create its state.
+        let _exclusive = shared.structure.write().await;
+        super::create_proxy_dir(&shared.state, name)?;
+    }
+    let _shared = shared.structure.read().await;
     let mine = observe(shared, name).await?;
     let stamped = live::stamp(&target.rendered.xds, generation);
     let on_disk = shared.state.read_xds(name)?;
@@ -496,6 +499,7 @@ async fn remove(shared: &Shared, name: &str) -> Result<()> {
         return Ok(());
     }
     set_busy(shared, name, "removing");
+    let _shared = shared.structure.read().await;
     let mine = observe(shared, name).await?;
     let reporter = Reporter::new(shared.opts.mode);
     let rollout = Rollout {

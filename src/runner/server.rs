@@ -157,7 +157,8 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let observed = shared.engine.observe().await?;
+    let mut observed = shared.engine.observe().await?;
+    observed.retain(|c| shared.is_mine(c));
     let mut names: Vec<String> = targets.keys().cloned().collect();
     for p in record.proxies.keys() {
         if !names.contains(p) {
@@ -229,7 +230,8 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
 }
 
 async fn metrics(shared: &Shared) -> String {
-    let observed = shared.engine.observe().await.unwrap_or_default();
+    let mut observed = shared.engine.observe().await.unwrap_or_default();
+    observed.retain(|c| shared.is_mine(c));
     let owned: Vec<String> = {
         let d = shared.desired.lock().unwrap_or_else(|e| e.into_inner());
         let mut n: Vec<String> = d.targets.keys().cloned().collect();
