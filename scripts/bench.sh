@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Benchmarks, each printing a table:   scripts/bench.sh noop | rollout | all
+# Benchmarks, each printing a table:   scripts/bench.sh noop | rollout | serve | all
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
@@ -10,6 +10,7 @@ cargo build --release --quiet
 case "$which" in
   noop) python3 bench/noop.py ;;
   rollout) python3 bench/rollout.py ;;
-  all) python3 bench/noop.py; python3 bench/rollout.py ;;
-  *) echo "usage: scripts/bench.sh noop|rollout|all" >&2; exit 2 ;;
+  serve) python3 bench/serve.py ;;
+  all) python3 bench/noop.py; python3 bench/rollout.py; python3 bench/serve.py ;;
+  *) echo "usage: scripts/bench.sh noop|rollout|serve|all" >&2; exit 2 ;;
 esac

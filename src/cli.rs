@@ -105,6 +105,30 @@ pub enum Command {
         #[arg(long)]
         no_envoy: bool,
     },
+    /// Run as a manager: keep every proxy converged until SIGTERM.
+    ///
+    /// Watches the config file (a broken edit is reported and ignored), repairs replicas that
+    /// die or are removed (Docker events), resyncs periodically, applies route and cluster
+    /// changes live with every replica confirming them, and serves /healthz, /status and
+    /// /metrics. On SIGTERM or SIGINT the current rollout step finishes and serve exits 0; the
+    /// proxies keep running.
+    Serve {
+        /// Address of the status server (/healthz, /status, /metrics), or "off".
+        #[arg(long, default_value = crate::runner::DEFAULT_LISTEN, env = "BERTH_LISTEN")]
+        listen: String,
+        /// Reconcile every proxy this often even without events ("0" turns it off).
+        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+        resync: std::time::Duration,
+        /// How long every replica gets to confirm a live route/cluster update.
+        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+        confirm_timeout: std::time::Duration,
+        /// Do not watch the config file.
+        #[arg(long)]
+        no_watch: bool,
+        /// Do not watch Docker's container events (rely on the resync).
+        #[arg(long)]
+        no_docker_events: bool,
+    },
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -162,6 +186,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Up { force } => up(&cli, *force).await,
         Command::Down { proxy } => down(&cli, proxy.as_deref()).await,
         Command::Status => show_status(&cli).await,
+        Command::Serve { .. } => serve(&cli).await,
     }
 }
 
@@ -538,4 +563,41 @@ async fn show_status(cli: &Cli) -> Result<()> {
         println!("{}", status::table(&rows));
     }
     Ok(())
+}
+
+async fn serve(cli: &Cli) -> Result<()> {
+    let Command::Serve {
+        listen,
+        resync,
+        confirm_timeout,
+        no_watch,
+        no_docker_events,
+    } = &cli.command
+    else {
+        unreachable!("serve is only called for the serve command")
+    };
+    let listen = match listen.as_str() {
+        "off" | "none" | "" => None,
+        addr => Some(
+            addr.parse()
+                .with_context(|| format!("--listen {addr:?}: expected HOST:PORT or \"off\""))?,
+        ),
+    };
+    crate::runner::run(crate::runner::Options {
+        config: cli.config_path(),
+        state_dir: cli.state_dir.clone(),
+        templates: cli.templates.clone(),
+        extra_labels: container_labels(cli),
+        mode: match (cli.quiet, cli.output) {
+            (true, _) => Mode::Quiet,
+            (false, Output::Json) => Mode::Json,
+            (false, Output::Table) => Mode::Human,
+        },
+        listen,
+        resync: (!resync.is_zero()).then_some(*resync),
+        watch: !no_watch,
+        docker_events: !no_docker_events,
+        confirm_timeout: *confirm_timeout,
+    })
+    .await
 }

@@ -87,6 +87,18 @@ pub struct ContainerStatus {
     pub error: Option<String>,
 }
 
+/// One container event from [`Engine::events`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContainerEvent {
+    /// die, destroy, stop, kill, oom, update, rename, …
+    pub action: String,
+    pub id: String,
+    /// The container's `io.berth.proxy` label.
+    pub proxy: Option<String>,
+    /// The container's name (without the leading slash).
+    pub name: Option<String>,
+}
+
 impl Engine {
     /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`) and negotiates the
     /// API version down to what the daemon speaks.
@@ -571,6 +583,36 @@ impl Engine {
             "Envoy ({image}) rejected the configuration (exit code {exit}):\n{}",
             logs.trim_end()
         )
+    }
+
+    /// A stream of container events (die, destroy, stop, …) of containers matching a label
+    /// filter (`key` or `key=value`), from now on. The stream ends or fails when the engine
+    /// goes away; the caller reconnects.
+    pub fn events(
+        &self,
+        label_filter: &str,
+        actions: &[&str],
+    ) -> impl futures_util::Stream<Item = Result<ContainerEvent>> + Send + 'static {
+        let mut filters: HashMap<&str, Vec<&str>> = HashMap::new();
+        filters.insert("type", vec!["container"]);
+        filters.insert("label", vec![label_filter]);
+        filters.insert("event", actions.to_vec());
+        let opts = bollard::query_parameters::EventsOptionsBuilder::default()
+            .filters(&filters)
+            .build();
+        // bollard's timeout bounds only the response headers, which /events sends at once.
+        self.docker.events(Some(opts)).map(|r| {
+            let e = r.map_err(docker_error)?;
+            let attrs = e.actor.as_ref().and_then(|a| a.attributes.clone());
+            Ok(ContainerEvent {
+                action: e.action.unwrap_or_default(),
+                id: e.actor.and_then(|a| a.id).unwrap_or_default(),
+                proxy: attrs
+                    .as_ref()
+                    .and_then(|a| a.get(crate::spec::LABEL_PROXY).cloned()),
+                name: attrs.and_then(|a| a.get("name").cloned()),
+            })
+        })
     }
 
     /// Removes every container matching a label filter (`key` or `key=value`), in any state.

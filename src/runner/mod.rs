@@ -1,0 +1,385 @@
+//! `berth serve`: a run group of components sharing one cancellation (the oklog/run pattern,
+//! DESIGN "runner"). Each component is an async function that runs until the shared
+//! [`CancellationToken`] is cancelled; when any one returns (SIGTERM, an error), the token is
+//! cancelled and every other one shuts down too.
+//!
+//! ```text
+//!  config watcher ──┐ (notify, debounced: re-load, re-render, new generations)
+//!  docker events ───┼──► triggers (mpsc) ──► reconciler ──► one task per dirty proxy:
+//!  periodic resync ─┘                         (coalesces)    live::update for the watched
+//!                                                            files, Rollout::converge for the
+//!  status server  ◄── Shared { desired, record, metrics }    containers
+//!  signals ──► cancel
+//! ```
+//!
+//! Proxies are independent: each has at most one reconcile running, and a trigger for a proxy
+//! that is busy marks it dirty so it runs once more afterwards. On cancellation the running
+//! rollouts finish their current step ([`crate::rollout::Rollout::cancel`]) and serve exits 0;
+//! the proxies keep running (they are not berth's children).
+
+mod config;
+mod events;
+mod reconciler;
+mod resync;
+mod server;
+mod signals;
+pub mod status;
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::{Context, Result};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::desired::{self, Target};
+use crate::docker::Engine;
+use crate::layout::DEFAULT_STATE_DIR;
+use crate::metrics::Metrics;
+use crate::progress::Mode;
+use crate::render::Renderer;
+use crate::source::file::{self, Config};
+use crate::state::StateDir;
+
+pub use status::{Condition, Record};
+
+/// Default address of the status server: loopback only.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
+/// Default interval of the periodic resync.
+pub const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
+/// Quiet time after a config file event before it is re-read.
+pub const DEBOUNCE: Duration = Duration::from_millis(200);
+
+/// What `berth serve` runs with.
+#[derive(Debug, Clone)]
+pub struct Options {
+    pub config: PathBuf,
+    /// Overrides the config's `state_dir`.
+    pub state_dir: Option<PathBuf>,
+    pub templates: Option<PathBuf>,
+    /// Labels added to every container berth creates.
+    pub extra_labels: BTreeMap<String, String>,
+    /// How rollout steps are reported (human lines on stderr, JSON on stdout, nothing).
+    pub mode: Mode,
+    /// The status server's address; None: no server.
+    pub listen: Option<SocketAddr>,
+    /// The periodic resync's interval; None: no resync.
+    pub resync: Option<Duration>,
+    /// Watch the config file.
+    pub watch: bool,
+    /// Watch the engine's container events.
+    pub docker_events: bool,
+    /// How long replicas get to confirm a live route update.
+    pub confirm_timeout: Duration,
+}
+
+/// Why a reconcile was asked for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trigger {
+    /// Every proxy (startup, config change, resync, events reconnect).
+    All(&'static str),
+    /// One proxy (a Docker event).
+    Proxy(String, &'static str),
+}
+
+/// The last good config, rendered.
+#[derive(Debug, Clone, Default)]
+pub struct Desired {
+    pub targets: BTreeMap<String, Target>,
+    pub generations: BTreeMap<String, u64>,
+}
+
+/// A live update that failed, and when it may be tried again (None: after the next edit).
+#[derive(Debug, Clone, Copy)]
+pub struct Failed {
+    pub generation: u64,
+    pub retry_after: Option<std::time::Instant>,
+}
+
+/// What the components share.
+pub struct Shared {
+    pub opts: Options,
+    pub engine: Engine,
+    pub state: StateDir,
+    pub metrics: Metrics,
+    pub desired: Mutex<Desired>,
+    pub record: Mutex<Record>,
+    /// Proxies with a reconcile running now, and what it is doing.
+    pub busy: Mutex<BTreeMap<String, String>>,
+    /// Proxy → the generation whose live update failed.
+    pub rejected: Mutex<BTreeMap<String, Failed>>,
+    pub triggers: mpsc::UnboundedSender<Trigger>,
+    /// Held (shared) by every reconcile and (exclusive) while a new proxy's state directory is
+    /// created: `Rollout::converge` removes the state of proxies it is not told about, so no
+    /// state directory may appear while a reconcile runs that has not seen it.
+    pub structure: tokio::sync::RwLock<()>,
+}
+
+impl Shared {
+    /// Whether a container is this serve's: it carries every extra label this serve puts on
+    /// the containers it creates (so serves with different `--container-label`s on one host,
+    /// such as tests and benchmarks, never touch each other's containers).
+    pub fn is_mine(&self, c: &crate::spec::ObservedContainer) -> bool {
+        self.opts
+            .extra_labels
+            .iter()
+            .all(|(k, v)| c.label(k) == Some(v.as_str()))
+    }
+
+    pub fn trigger(&self, t: Trigger) {
+        let source = match &t {
+            Trigger::All(s) | Trigger::Proxy(_, s) => *s,
+        };
+        self.metrics.inc(
+            "berth_triggers_total",
+            "Reconcile triggers received, by source.",
+            &[("source", source)],
+        );
+        let _ = self.triggers.send(t);
+    }
+
+    /// Changes the persisted record and writes it.
+    pub fn update_record<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
+        let mut rec = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut rec);
+        if let Err(e) = rec.save(&self.state) {
+            log(self.opts.mode, &format!("cannot persist status: {e:#}"));
+        }
+        r
+    }
+
+    /// Re-reads and renders the config. On success the new targets replace the desired ones
+    /// and changed proxies get a new generation; on failure the last good config stays and the
+    /// errors are recorded (Accepted=False, InvalidParameters).
+    pub fn reload(&self) -> Result<bool> {
+        match load(&self.opts, &self.state) {
+            Ok((_, targets)) => {
+                let generations = self.update_record(|rec| {
+                    rec.config = status::ConfigRecord {
+                        file: self.opts.config.clone(),
+                        accepted: true,
+                        errors: Vec::new(),
+                        loaded_at: status::now(),
+                    };
+                    rec.accept(&targets)
+                });
+                let mut d = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+                let changed = d.generations != generations;
+                for (name, g) in &generations {
+                    self.metrics.set(
+                        "berth_proxy_generation",
+                        "The generation of each proxy's desired state.",
+                        &[("proxy", name)],
+                        *g as f64,
+                    );
+                }
+                *d = Desired {
+                    targets: targets
+                        .into_iter()
+                        .map(|t| (t.name().to_string(), t))
+                        .collect(),
+                    generations,
+                };
+                self.metrics.inc(
+                    "berth_config_loads_total",
+                    "Config file loads, by result.",
+                    &[("result", "accepted")],
+                );
+                Ok(changed)
+            }
+            Err(e) => {
+                let errors: Vec<String> = match e.downcast_ref::<file::ConfigErrors>() {
+                    Some(errs) => errs.0.iter().map(|x| x.to_string()).collect(),
+                    None => vec![format!("{e:#}")],
+                };
+                self.update_record(|rec| {
+                    rec.config.file = self.opts.config.clone();
+                    rec.config.accepted = false;
+                    rec.config.errors = errors.clone();
+                    rec.config.loaded_at = status::now();
+                    rec.refuse(&errors);
+                });
+                self.metrics.inc(
+                    "berth_config_loads_total",
+                    "Config file loads, by result.",
+                    &[("result", "invalid")],
+                );
+                Err(e)
+            }
+        }
+    }
+}
+
+/// Creates a proxy's directory in the state directory (mode 0755, as `StateDir` makes them).
+pub(crate) fn create_proxy_dir(state: &StateDir, name: &str) -> Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    let dir = state.proxy(name).root().to_path_buf();
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(&dir)
+        .with_context(|| format!("cannot create {}", dir.display()))
+}
+
+/// Loads and renders the config against the state directory.
+fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
+    let config = file::load(&opts.config)?;
+    let renderer = match &opts.templates {
+        Some(dir) => Renderer::with_overrides(dir)?,
+        None => Renderer::builtin(),
+    };
+    let targets = desired::targets(&config.infra, &renderer, state.root(), desired::host_cpus())?;
+    Ok((config, targets))
+}
+
+/// A line on stderr (unless quiet) and in the tracing log.
+pub(crate) fn log(mode: Mode, line: &str) {
+    tracing::info!("{line}");
+    if mode != Mode::Quiet {
+        eprintln!("serve: {line}");
+    }
+}
+
+type Component = std::pin::Pin<Box<dyn std::future::Future<Output = Result<()>> + Send>>;
+
+/// Runs `berth serve` until SIGTERM/SIGINT (Ok) or a component fails (Err). A config that is
+/// invalid at startup is an error (exit 2): there is no last good config to keep.
+pub async fn run(opts: Options) -> Result<()> {
+    let first = file::load(&opts.config)?;
+    let state_path = opts
+        .state_dir
+        .clone()
+        .or(first.state_dir.clone())
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    let state = StateDir::open(&state_path)?;
+    let engine = Engine::connect().await?;
+    let (tx, rx) = mpsc::unbounded_channel();
+    let shared = Arc::new(Shared {
+        record: Mutex::new(Record::load(&state)),
+        opts: opts.clone(),
+        engine,
+        state,
+        metrics: Metrics::new(),
+        desired: Mutex::new(Desired::default()),
+        busy: Mutex::new(BTreeMap::new()),
+        rejected: Mutex::new(BTreeMap::new()),
+        triggers: tx,
+        structure: tokio::sync::RwLock::new(()),
+    });
+    shared.reload()?;
+    // Every proxy's state directory exists before any reconcile runs (see `structure`).
+    let names: Vec<String> = shared
+        .desired
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .targets
+        .keys()
+        .cloned()
+        .collect();
+    for name in names {
+        create_proxy_dir(&shared.state, &name)?;
+    }
+    let cancel = CancellationToken::new();
+
+    // Bind before anything runs, so a port in use fails at once.
+    let listener = match opts.listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("the status server cannot listen on {addr}"))?,
+        ),
+        None => None,
+    };
+
+    let mut components: Vec<(&'static str, Component)> = vec![
+        (
+            "signals",
+            Box::pin(signals::run(shared.clone(), cancel.clone())),
+        ),
+        (
+            "reconciler",
+            Box::pin(reconciler::run(shared.clone(), rx, cancel.clone())),
+        ),
+    ];
+    if opts.watch {
+        components.push((
+            "config watcher",
+            Box::pin(config::run(shared.clone(), cancel.clone())),
+        ));
+    }
+    if opts.docker_events {
+        components.push((
+            "docker events",
+            Box::pin(events::run(shared.clone(), cancel.clone())),
+        ));
+    }
+    if let Some(every) = opts.resync {
+        components.push((
+            "resync",
+            Box::pin(resync::run(shared.clone(), every, cancel.clone())),
+        ));
+    }
+    if let Some(listener) = listener {
+        log(
+            opts.mode,
+            &format!(
+                "status on http://{}/status, metrics on /metrics",
+                listener.local_addr()?
+            ),
+        );
+        components.push((
+            "status server",
+            Box::pin(server::run(shared.clone(), listener, cancel.clone())),
+        ));
+    }
+    log(
+        opts.mode,
+        &format!(
+            "managing {} proxies from {} (state {})",
+            shared
+                .desired
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .targets
+                .len(),
+            opts.config.display(),
+            shared.state.root().display()
+        ),
+    );
+    shared.trigger(Trigger::All("startup"));
+
+    // The run group: the first component to return cancels all the others.
+    let mut set = tokio::task::JoinSet::new();
+    for (name, fut) in components {
+        let cancel = cancel.clone();
+        set.spawn(async move {
+            let r = fut.await;
+            cancel.cancel();
+            (name, r)
+        });
+    }
+    let mut first_error: Option<anyhow::Error> = None;
+    while let Some(joined) = set.join_next().await {
+        match joined {
+            Ok((_, Ok(()))) => {}
+            Ok((name, Err(e))) => {
+                log(opts.mode, &format!("{name} failed: {e:#}"));
+                first_error.get_or_insert(e.context(format!("serve: {name} failed")));
+            }
+            Err(e) => {
+                first_error.get_or_insert(anyhow::anyhow!("serve: a component panicked: {e}"));
+                cancel.cancel();
+            }
+        }
+    }
+    match first_error {
+        Some(e) => Err(e),
+        None => {
+            log(opts.mode, "stopped; the proxies keep running");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,641 @@
+//! `berth serve` as a child process against the real Docker engine and real Envoy replicas.
+//!
+//! Every test writes its own config (ports from `free_port`), runs serve with a short state
+//! directory and the test-case container labels (so [`Cleanup`] removes its containers even
+//! when it fails), talks to serve's status server on 127.0.0.1, and kills serve on drop.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::load::Load;
+use common::{ensure_test_image, free_port, short_tempdir, Cleanup};
+use serde_json::Value;
+
+const OLD_IMAGE: &str = "berth-test/envoy:1.39.3";
+
+/// A running `berth serve`; killed on drop.
+struct Serve {
+    child: Option<Child>,
+    status_port: u16,
+    log: PathBuf,
+}
+
+impl Serve {
+    fn start(config: &Path, state: &Path, cleanup: &Cleanup, extra: &[&str]) -> Serve {
+        let status_port = free_port();
+        let log = state.with_extension("serve.log");
+        let err = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)
+            .unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .arg("-f")
+            .arg(config)
+            .arg("--state-dir")
+            .arg(state)
+            .args(["--container-label", "io.berth.test=1"])
+            .arg("--container-label")
+            .arg(format!("io.berth.test.case={}", cleanup.case))
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{status_port}"))
+            .args(["--resync", "300s"])
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(err)
+            .spawn()
+            .expect("starting berth serve");
+        let s = Serve {
+            child: Some(child),
+            status_port,
+            log,
+        };
+        s.wait_for("the status server", Duration::from_secs(20), |s| {
+            s.get("/healthz").map(|(c, _)| c == 200).unwrap_or(false)
+        });
+        s
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn get(&self, path: &str) -> Option<(u16, String)> {
+        http_get(self.status_port, path)
+    }
+
+    fn status(&self) -> Value {
+        let (code, body) = self.get("/status").expect("GET /status");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
+    fn proxy(&self, name: &str) -> Value {
+        self.status()["proxies"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    /// Polls until `ok`, or panics with serve's log and status.
+    fn wait_for(&self, what: &str, within: Duration, ok: impl Fn(&Serve) -> bool) -> Duration {
+        let start = Instant::now();
+        loop {
+            if ok(self) {
+                return start.elapsed();
+            }
+            if start.elapsed() > within {
+                panic!(
+                    "waited {within:?} for {what}\nstatus: {}\nserve log:\n{}",
+                    self.get("/status").map(|s| s.1).unwrap_or_default(),
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// The proxy has `n` replicas of its desired generation, all LIVE, and Ready is True.
+    fn converged(&self, name: &str, n: usize) -> bool {
+        let p = self.proxy(name);
+        let gen = p["desiredGeneration"].as_u64();
+        let reps = p["replicas"].as_array().cloned().unwrap_or_default();
+        reps.len() == n
+            && reps
+                .iter()
+                .all(|r| r["ready"] == "LIVE" && r["observedGeneration"].as_u64() == gen)
+            && condition(&p, "Ready")["status"] == "True"
+            && p["busy"].is_null()
+    }
+
+    fn signal(&self, sig: i32) {
+        let pid = self.child.as_ref().unwrap().id() as i32;
+        unsafe {
+            libc::kill(pid, sig);
+        }
+    }
+
+    /// Waits for serve to exit, at most `within`.
+    fn wait_exit(&mut self, within: Duration) -> (ExitStatus, Duration) {
+        let start = Instant::now();
+        let child = self.child.as_mut().unwrap();
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return (status, start.elapsed());
+            }
+            if start.elapsed() > within {
+                panic!(
+                    "serve did not exit within {within:?}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Serve {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn condition(proxy: &Value, type_: &str) -> Value {
+    proxy["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_).cloned())
+        .unwrap_or(Value::Null)
+}
+
+/// A plain HTTP/1.1 GET (one request, then close) to 127.0.0.1:port: status code and body.
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(10))).ok()?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let (head, body) = buf.split_once("\r\n\r\n")?;
+    let code = head.split_whitespace().nth(1)?.parse().ok()?;
+    Some((code, body.to_string()))
+}
+
+fn config(
+    name: &str,
+    image: &str,
+    replicas: u32,
+    port: u16,
+    body: &str,
+    min_ready: &str,
+) -> String {
+    format!(
+        r#"[[proxy]]
+name = "{name}"
+image = "{image}"
+replicas = {replicas}
+
+[proxy.rollout]
+min_ready = "{min_ready}"
+drain_timeout = "5s"
+
+[proxy.shutdown]
+min_drain_duration = "0s"
+
+[[proxy.listener]]
+name = "web"
+port = {port}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "{body}" }}
+"#
+    )
+}
+
+/// Replaces the config file the way editors do: write a temp file, rename it over.
+fn write_config(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, text).unwrap();
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+/// A test fixture: a config directory, a state directory, the cleanup guard.
+struct Case {
+    cleanup: Cleanup,
+    _config_dir: tempfile::TempDir,
+    state_dir: tempfile::TempDir,
+    config: PathBuf,
+    name: String,
+    port: u16,
+}
+
+impl Case {
+    fn new(test: &str) -> Case {
+        ensure_test_image();
+        let cleanup = Cleanup::new(test);
+        let config_dir = short_tempdir();
+        let state_dir = short_tempdir();
+        let config = config_dir.path().join("berth.toml");
+        Case {
+            name: {
+                let alnum: String = cleanup
+                    .case
+                    .chars()
+                    .filter(|c| c.is_ascii_alphanumeric())
+                    .collect();
+                format!("s{}", &alnum[alnum.len() - 8..])
+            },
+            cleanup,
+            _config_dir: config_dir,
+            state_dir,
+            config,
+            port: free_port(),
+        }
+    }
+
+    fn write(&self, image: &str, replicas: u32, body: &str, min_ready: &str) {
+        write_config(
+            &self.config,
+            &config(&self.name, image, replicas, self.port, body, min_ready),
+        );
+    }
+
+    fn serve(&self, extra: &[&str]) -> Serve {
+        Serve::start(&self.config, self.state_dir.path(), &self.cleanup, extra)
+    }
+
+    /// The running containers of this case: (id, name, image).
+    fn containers(&self) -> Vec<(String, String, String)> {
+        let out = Command::new("docker")
+            .args(["ps", "--filter"])
+            .arg(format!("label={}", self.cleanup.filter()))
+            .args(["--format", "{{.ID}} {{.Names}} {{.Image}}"])
+            .output()
+            .unwrap();
+        let mut v: Vec<(String, String, String)> = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let mut it = l.split_whitespace();
+                Some((
+                    it.next()?.to_string(),
+                    it.next()?.to_string(),
+                    it.next()?.to_string(),
+                ))
+            })
+            .filter(|(_, name, _)| name.starts_with("berth-"))
+            .collect();
+        v.sort_by(|a, b| a.1.cmp(&b.1));
+        v
+    }
+
+    fn body(&self) -> String {
+        http_get(self.port, "/").map(|r| r.1).unwrap_or_default()
+    }
+
+    fn xds(&self, file: &str) -> String {
+        std::fs::read_to_string(
+            self.state_dir
+                .path()
+                .join("proxies")
+                .join(&self.name)
+                .join("xds")
+                .join(file),
+        )
+        .unwrap_or_default()
+    }
+}
+
+#[test]
+fn config_edit_scales_the_proxy() {
+    let case = Case::new("serve-scale");
+    case.write(common::TEST_IMAGE, 2, "one\\n", "0s");
+    let serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    let gen = serve.proxy(&case.name)["desiredGeneration"]
+        .as_u64()
+        .unwrap();
+    case.write(common::TEST_IMAGE, 3, "one\\n", "0s");
+    serve.wait_for("3 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 3)
+    });
+    let p = serve.proxy(&case.name);
+    assert_eq!(p["desiredGeneration"].as_u64(), Some(gen + 1));
+    assert_eq!(p["lastRollout"]["outcome"], "succeeded", "{p:#}");
+    assert_eq!(case.containers().len(), 3);
+    assert_eq!(case.body(), "one\n");
+}
+
+#[test]
+fn route_change_is_live_with_no_failed_request() {
+    let case = Case::new("serve-route");
+    case.write(common::TEST_IMAGE, 2, "before\\n", "0s");
+    let serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    let before = case.containers();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let load = rt.block_on(async { Load::start(case.port, "/", 4, Duration::from_secs(60)) });
+    std::thread::sleep(Duration::from_millis(500));
+    case.write(common::TEST_IMAGE, 2, "after\\n", "0s");
+    // Every replica: enough requests that each of the two replicas answers several.
+    let served = serve.wait_for("the new route", Duration::from_secs(20), |_| {
+        (0..20).all(|_| case.body() == "after\n")
+    });
+    serve.wait_for("generation confirmed", Duration::from_secs(20), |s| {
+        s.converged(&case.name, 2)
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let report = rt.block_on(load.stop());
+    eprintln!(
+        "route update: new body everywhere {served:?} after the config write (debounce included); load: {}",
+        report.summary()
+    );
+    assert_eq!(report.failed, 0, "{}", report.summary());
+    assert!(report.ok > 0);
+    assert_eq!(case.containers(), before, "no container was replaced");
+    let p = serve.proxy(&case.name);
+    assert_eq!(p["lastRollout"]["kind"], "live", "{p:#}");
+    assert!(case.xds("rds.yaml").contains("after"));
+}
+
+#[test]
+fn removed_replica_is_recreated() {
+    let case = Case::new("serve-drift");
+    case.write(common::TEST_IMAGE, 2, "drift\\n", "0s");
+    let serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    let victim = case.containers()[0].clone();
+    let removed = Instant::now();
+    let out = Command::new("docker")
+        .args(["rm", "-f", &victim.0])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let repaired = serve.wait_for("a ready replacement", Duration::from_secs(30), |s| {
+        s.converged(&case.name, 2)
+            && !s.proxy(&case.name)["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["container"] == victim.1.as_str())
+    });
+    let total = removed.elapsed();
+    eprintln!("drift repair: ready replacement {repaired:?} after docker rm -f returned ({total:?} in all)");
+    assert!(
+        repaired < Duration::from_secs(10),
+        "repair took {repaired:?}"
+    );
+    assert_eq!(case.containers().len(), 2);
+    assert_eq!(case.body(), "drift\n");
+}
+
+#[test]
+fn broken_edit_is_reported_and_the_old_config_keeps_serving() {
+    let case = Case::new("serve-broken");
+    case.write(common::TEST_IMAGE, 1, "good\\n", "0s");
+    let serve = case.serve(&[]);
+    serve.wait_for("1 ready replica", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 1)
+    });
+    let gen = serve.proxy(&case.name)["desiredGeneration"].as_u64();
+    let good = std::fs::read_to_string(&case.config).unwrap();
+    // Port out of range: a validation error with a position, not a syntax error.
+    write_config(
+        &case.config,
+        &good
+            .replace(&format!("port = {}", case.port), "port = 70000")
+            .replace("good", "bad"),
+    );
+    serve.wait_for("the error in /status", Duration::from_secs(10), |s| {
+        s.status()["config"]["accepted"] == false
+    });
+    let st = serve.status();
+    let errors = st["config"]["errors"].as_array().unwrap();
+    let first = errors[0].as_str().unwrap();
+    assert!(
+        first.contains("berth.toml:") && first.contains("port"),
+        "{st:#}"
+    );
+    let p = serve.proxy(&case.name);
+    let accepted = condition(&p, "Accepted");
+    assert_eq!(accepted["status"], "False", "{p:#}");
+    assert_eq!(accepted["reason"], "InvalidParameters");
+    assert!(accepted["message"].as_str().unwrap().contains("70000"));
+    assert_eq!(p["desiredGeneration"].as_u64(), gen, "generation kept");
+    assert_eq!(case.body(), "good\n");
+    assert!(serve.log_text().contains("refused"));
+    // Fixing the file is accepted again.
+    write_config(&case.config, &good.replace("good", "fixed"));
+    serve.wait_for("the fix served", Duration::from_secs(20), |_| {
+        case.body() == "fixed\n"
+    });
+    let p = serve.proxy(&case.name);
+    assert_eq!(condition(&p, "Accepted")["status"], "True");
+    assert_eq!(serve.status()["config"]["accepted"], true);
+}
+
+#[test]
+fn unconfirmed_route_change_is_rolled_back_and_reported() {
+    // One replica's Envoy is frozen (SIGSTOP to its process; Docker still shows it running):
+    // it cannot load the new files, so it never confirms them. berth must put the previous
+    // files back (the other replica returns to them) and report the error, instead of leaving
+    // the replicas on different routes.
+    let case = Case::new("serve-reject");
+    case.write(common::TEST_IMAGE, 2, "old\\n", "0s");
+    let serve = case.serve(&["--confirm-timeout", "2s"]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    let gen = serve.proxy(&case.name)["desiredGeneration"]
+        .as_u64()
+        .unwrap();
+    let frozen = case.containers()[1].clone();
+    let out = Command::new("docker")
+        .args(["inspect", "-f", "{{.State.Pid}}", &frozen.0])
+        .output()
+        .unwrap();
+    let pid: i32 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0);
+    struct Thaw(i32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            unsafe { libc::kill(self.0, libc::SIGCONT) };
+        }
+    }
+    let thaw = Thaw(pid);
+    case.write(common::TEST_IMAGE, 2, "new\\n", "0s");
+    serve.wait_for("the failure in /status", Duration::from_secs(30), |s| {
+        let p = s.proxy(&case.name);
+        condition(&p, "Degraded")["status"] == "True"
+    });
+    let p = serve.proxy(&case.name);
+    let degraded = condition(&p, "Degraded");
+    assert_eq!(degraded["reason"], "LiveUpdateRejected", "{p:#}");
+    let msg = degraded["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&frozen.1) && msg.contains("did not confirm") && msg.contains("restored"),
+        "{msg}"
+    );
+    assert_eq!(p["desiredGeneration"].as_u64(), Some(gen + 1));
+    assert_eq!(p["lastRollout"]["outcome"], "failed", "{p:#}");
+    // The previous files are back on disk, and the replica that had taken the new ones is on
+    // the previous generation again.
+    let rds = case.xds("rds.yaml");
+    assert!(rds.contains("old") && !rds.contains("new"), "{rds}");
+    assert!(
+        rds.starts_with(&format!("version_info: \"{gen}\"")),
+        "{rds}"
+    );
+    let other = p["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["container"] != frozen.1.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(other["observedGeneration"].as_u64(), Some(gen), "{p:#}");
+    assert!(serve.log_text().contains("not confirmed by every replica"));
+    // Thawed, the frozen replica reads the (restored) files: both serve the old route.
+    drop(thaw);
+    serve.wait_for(
+        "both replicas on the old generation",
+        Duration::from_secs(20),
+        |s| {
+            let p = s.proxy(&case.name);
+            let reps = p["replicas"].as_array().cloned().unwrap_or_default();
+            reps.len() == 2
+                && reps
+                    .iter()
+                    .all(|r| r["ready"] == "LIVE" && r["observedGeneration"].as_u64() == Some(gen))
+        },
+    );
+    for _ in 0..20 {
+        assert_eq!(case.body(), "old\n");
+    }
+    assert_eq!(case.containers().len(), 2);
+}
+
+#[test]
+fn sigterm_mid_rollout_exits_cleanly_and_the_next_serve_completes() {
+    ensure_old_image();
+    let case = Case::new("serve-sigterm");
+    case.write(OLD_IMAGE, 2, "roll\\n", "3s");
+    let mut serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    case.write(common::TEST_IMAGE, 2, "roll\\n", "3s");
+    // Wait until the first new replica exists: the rollout is mid-step.
+    serve.wait_for("the first new replica", Duration::from_secs(60), |_| {
+        case.containers().iter().any(|c| c.2 == common::TEST_IMAGE)
+    });
+    serve.signal(libc::SIGTERM);
+    let (status, took) = serve.wait_exit(Duration::from_secs(30));
+    let log = serve.log_text();
+    assert!(status.success(), "exit {status:?}; log:\n{log}");
+    assert!(log.contains("SIGTERM"), "{log}");
+    eprintln!("serve exited {took:?} after SIGTERM");
+    // No slot without a ready replica: every running replica reports LIVE, and both slots
+    // have one.
+    let running = case.containers();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let mut slots = std::collections::BTreeSet::new();
+    for (_, name, _) in &running {
+        let sock = case
+            .state_dir
+            .path()
+            .join("proxies")
+            .join(&case.name)
+            .join("run")
+            .join(name)
+            .join("admin.sock");
+        let ready = rt.block_on(berth::admin::Admin::new(sock).ready());
+        assert_eq!(
+            ready.ok(),
+            Some(berth::admin::ReadyState::Live),
+            "{name}: {running:?}"
+        );
+        slots.insert(name.split('-').nth(2).unwrap().to_string());
+    }
+    assert_eq!(slots.len(), 2, "{running:?}");
+    assert_eq!(case.body(), "roll\n");
+    let images: Vec<&str> = running.iter().map(|c| c.2.as_str()).collect();
+    assert!(
+        images.contains(&OLD_IMAGE),
+        "the rollout was stopped before its end: {images:?}"
+    );
+    drop(serve);
+    // The next serve completes the rollout.
+    let serve = case.serve(&[]);
+    serve.wait_for("the rollout completed", Duration::from_secs(90), |s| {
+        s.converged(&case.name, 2) && case.containers().iter().all(|c| c.2 == common::TEST_IMAGE)
+    });
+    assert_eq!(case.containers().len(), 2);
+}
+
+#[test]
+fn metrics_parse_and_carry_berth_and_envoy_stats() {
+    let case = Case::new("serve-metrics");
+    case.write(common::TEST_IMAGE, 2, "m\\n", "0s");
+    let serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
+        s.converged(&case.name, 2)
+    });
+    let _ = case.body();
+    let (code, text) = serve.get("/metrics").unwrap();
+    assert_eq!(code, 200);
+    let scrape = prometheus_parse::Scrape::parse(text.lines().map(|l| Ok(l.to_string())))
+        .expect("valid Prometheus text");
+    let with = |metric: &str| -> Vec<&prometheus_parse::Sample> {
+        scrape
+            .samples
+            .iter()
+            .filter(|s| s.metric == metric)
+            .collect()
+    };
+    let reconciles = with("berth_reconcile_total");
+    assert!(
+        reconciles
+            .iter()
+            .any(|s| s.labels.get("proxy") == Some(case.name.as_str())
+                && s.labels.get("result") == Some("success")),
+        "{reconciles:?}"
+    );
+    assert!(!with("berth_reconcile_duration_seconds_count").is_empty());
+    // Each replica's Envoy stats, labelled by proxy and replica.
+    let containers = case.containers();
+    for (_, name, _) in &containers {
+        let live = with("envoy_server_live");
+        assert!(
+            live.iter()
+                .any(|s| s.labels.get("proxy") == Some(case.name.as_str())
+                    && s.labels.get("replica") == Some(name.as_str())),
+            "no envoy_server_live for {name}: {live:?}"
+        );
+    }
+    // Every family's TYPE appears once.
+    let mut types: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    let n = types.len();
+    types.sort();
+    types.dedup();
+    assert_eq!(types.len(), n, "a metric family is split");
+}
+
+fn ensure_old_image() {
+    let out = Command::new("docker")
+        .args(["image", "inspect", OLD_IMAGE])
+        .output()
+        .unwrap();
+    if !out.status.success() {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/envoy-image.sh");
+        let out = Command::new(script).arg("1.39.3").output().unwrap();
+        assert!(out.status.success());
+    }
+}
