@@ -125,6 +125,23 @@ impl std::error::Error for Cancelled {}
 impl Rollout<'_> {
     /// Brings every target to its desired state and removes berth containers of proxies not
     /// among them. Proxies are converged one after the other; the first failure stops.
+    /// Brings one proxy to its desired state, leaving every other proxy and its state alone
+    /// (`berth serve` converges proxies independently). `observed` may hold other containers.
+    pub async fn converge_one(
+        &self,
+        target: &Target,
+        observed: &[ObservedContainer],
+    ) -> Result<()> {
+        let mine: Vec<ObservedContainer> = observed
+            .iter()
+            .filter(|c| c.proxy() == Some(target.name()))
+            .cloned()
+            .collect();
+        let plan = plan::plan(std::slice::from_ref(&target.desired), &mine);
+        let actions: Vec<&Action> = plan.for_proxy(target.name()).collect();
+        self.converge_proxy(target, &actions, &mine).await
+    }
+
     pub async fn converge(&self, targets: &[Target], observed: &[ObservedContainer]) -> Result<()> {
         let desired: Vec<DesiredProxy> = targets.iter().map(|t| t.desired.clone()).collect();
         let plan = plan::plan(&desired, observed);

@@ -112,10 +112,6 @@ pub struct Shared {
     /// Proxy → the generation whose live update failed.
     pub rejected: Mutex<BTreeMap<String, Failed>>,
     pub triggers: mpsc::UnboundedSender<Trigger>,
-    /// Held (shared) by every reconcile and (exclusive) while a new proxy's state directory is
-    /// created: `Rollout::converge` removes the state of proxies it is not told about, so no
-    /// state directory may appear while a reconcile runs that has not seen it.
-    pub structure: tokio::sync::RwLock<()>,
 }
 
 impl Shared {
@@ -267,10 +263,9 @@ pub async fn run(opts: Options) -> Result<()> {
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),
         triggers: tx,
-        structure: tokio::sync::RwLock::new(()),
     });
     shared.reload()?;
-    // Every proxy's state directory exists before any reconcile runs (see `structure`).
+    // Every proxy's state directory exists before its first reconcile.
     let names: Vec<String> = shared
         .desired
         .lock()

@@ -12,7 +12,7 @@
 //! 3. [`Rollout::converge`] for the containers (create, replace, remove — health-gated);
 //! 4. conditions, last rollout, metrics.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -31,9 +31,7 @@ use crate::live::{self, Ack, LiveRejected};
 use crate::plan::{self, ContainerRef};
 use crate::progress::Reporter;
 use crate::rollout::{Cancelled, Rollout};
-use crate::spec::{
-    LiveSettings, ObservedContainer, RunState, LABEL_NAME, LABEL_PROXY, MANAGED_BY_VALUE,
-};
+use crate::spec::{ObservedContainer, RunState, LABEL_NAME, LABEL_PROXY, MANAGED_BY_VALUE};
 
 /// How long a live update that some replica did not confirm (no verdict before the deadline)
 /// waits before it is tried again; one that a replica rejected waits for the next edit.
@@ -180,29 +178,6 @@ async fn observe(shared: &Shared, name: &str) -> Result<Vec<ObservedContainer>> 
     Ok(mine)
 }
 
-/// Markers for the other proxies berth keeps state for, so that a converge of this one proxy
-/// does not take their state directories for leftovers. They carry the proxy label but not the
-/// managed-by label, so the planner never acts on them (see the report: a per-proxy converge
-/// in `rollout.rs` would make this unnecessary).
-fn keepers(shared: &Shared, name: &str) -> Vec<ObservedContainer> {
-    owned(shared)
-        .into_iter()
-        .filter(|p| p != name)
-        .map(|p| ObservedContainer {
-            id: String::new(),
-            name: String::new(),
-            labels: BTreeMap::from([(LABEL_PROXY.to_string(), p)]),
-            state: RunState::Exited,
-            live: LiveSettings {
-                nano_cpus: None,
-                memory: None,
-                restart_policy: String::new(),
-            },
-            info: Default::default(),
-        })
-        .collect()
-}
-
 async fn converge(
     shared: &Shared,
     target: &Target,
@@ -212,11 +187,8 @@ async fn converge(
     let name = target.name();
     let started = Instant::now();
     if !shared.state.proxy(name).root().exists() {
-        // A proxy added while others reconcile: wait until none runs, then create its state.
-        let _exclusive = shared.structure.write().await;
         super::create_proxy_dir(&shared.state, name)?;
     }
-    let _shared = shared.structure.read().await;
     let mine = observe(shared, name).await?;
     let stamped = live::stamp(&target.rendered.xds, generation);
     let on_disk = shared.state.read_xds(name)?;
@@ -356,8 +328,6 @@ async fn converge(
             }
         });
     }
-    let mut scoped = mine.clone();
-    scoped.extend(keepers(shared, name));
     let reporter = Reporter::new(shared.opts.mode);
     let rollout = Rollout {
         engine: &shared.engine,
@@ -366,9 +336,7 @@ async fn converge(
         extra_labels: shared.opts.extra_labels.clone(),
         cancel: cancel.clone(),
     };
-    let converged = rollout
-        .converge(std::slice::from_ref(&rollout_target), &scoped)
-        .await;
+    let converged = rollout.converge_one(&rollout_target, &mine).await;
     drop(reporter);
 
     // Readiness, conditions, the last rollout.
@@ -499,7 +467,6 @@ async fn remove(shared: &Shared, name: &str) -> Result<()> {
         return Ok(());
     }
     set_busy(shared, name, "removing");
-    let _shared = shared.structure.read().await;
     let mine = observe(shared, name).await?;
     let reporter = Reporter::new(shared.opts.mode);
     let rollout = Rollout {
