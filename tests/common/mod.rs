@@ -8,6 +8,7 @@
 
 pub mod fleet;
 pub mod load;
+pub mod serve;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
