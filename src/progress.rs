@@ -117,6 +117,23 @@ impl Reporter {
             bar.set_message(what.into());
         }
     }
+
+    /// Turns the spinner into a bar of `done` of `total` steps (e.g. replicas of a rollout).
+    pub fn steps(&self, done: usize, total: usize) {
+        if let Some(bar) = &self.spinner {
+            if bar.length() != Some(total as u64) {
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{spinner} {elapsed:>4} [{bar:24}] {pos}/{len} {msg}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> "),
+                );
+                bar.set_length(total as u64);
+            }
+            bar.set_position(done as u64);
+        }
+    }
 }
 
 impl Drop for Reporter {

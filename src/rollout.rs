@@ -221,7 +221,8 @@ impl Rollout<'_> {
         let shutdown = &target.proxy.config.shutdown;
         let mut replaced: Vec<(u32, String, String)> = Vec::new(); // (slot, new name, old hash)
         let mut creates_done = false;
-        for action in actions {
+        for (done, action) in actions.iter().enumerate() {
+            self.reporter.steps(done, actions.len());
             if self.cancel.is_cancelled() {
                 return Err(anyhow::Error::new(Cancelled {
                     proxy: name.to_string(),

@@ -108,7 +108,11 @@ fn restart_engine(how: &Restart) {
             assert!(status.success(), "setsid --fork dockerd failed: {status}");
         }
     }
-    wait("the engine to answer again", Duration::from_secs(90), docker_answers);
+    wait(
+        "the engine to answer again",
+        Duration::from_secs(90),
+        docker_answers,
+    );
 }
 
 #[test]
@@ -137,14 +141,19 @@ fn replicas_and_serve_survive_an_engine_restart() {
     wait("the replicas to run again", Duration::from_secs(60), || {
         case.containers() == before
     });
-    serve.wait_for("2 LIVE replicas after the restart", Duration::from_secs(60), |s| {
-        s.converged(&case.name, 2)
-    });
+    serve.wait_for(
+        "2 LIVE replicas after the restart",
+        Duration::from_secs(60),
+        |s| s.converged(&case.name, 2),
+    );
     assert_eq!(case.body(), "before restart");
 
     // With the periodic resync off, only the reconnected event stream can notice this.
     let victim = &before[0].0;
-    let rm = Command::new("docker").args(["rm", "-f", victim]).status().unwrap();
+    let rm = Command::new("docker")
+        .args(["rm", "-f", victim])
+        .status()
+        .unwrap();
     assert!(rm.success());
     serve.wait_for(
         "the removed replica to be recreated after the restart",
