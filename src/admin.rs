@@ -322,7 +322,8 @@ fn regex_escape(s: &str) -> String {
     out
 }
 
-fn percent_encode(s: &str) -> String {
+/// Percent-encodes everything but RFC 3986's unreserved characters (for query values).
+pub fn percent_encode(s: &str) -> String {
     let mut out = String::with_capacity(s.len() * 3);
     for b in s.bytes() {
         if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {

@@ -365,7 +365,7 @@ pub async fn snapshot(admin: &Admin) -> Result<Snapshot> {
     let (status, body) = admin
         .get(&format!(
             "/stats?format=json&filter={}",
-            percent_encode(SUB_FILTER)
+            crate::admin::percent_encode(SUB_FILTER)
         ))
         .await?;
     if status != 200 {
@@ -534,18 +534,6 @@ async fn confirm(
     )
     .await;
     acks.into_iter().collect()
-}
-
-fn percent_encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() * 3);
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
 }
 
 #[cfg(test)]
