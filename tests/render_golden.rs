@@ -143,3 +143,47 @@ fn bootstrap_has_no_node_id() {
         );
     }
 }
+
+/// Every example config's proxies are golden cases too: `tests/golden/example-<file>-<proxy>/
+/// ir.json` is what the TOML source makes of the example (repository paths shown as `<repo>`),
+/// so the golden and real-Envoy tests above cover the examples through the parser.
+#[test]
+fn examples_are_golden_cases() {
+    let bless = std::env::var_os("BERTH_BLESS").is_some();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("examples"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "toml"))
+        .collect();
+    examples.sort();
+    assert!(examples.len() >= 4, "{examples:?}");
+    let mut failures = vec![];
+    for example in examples {
+        let config = berth::source::file::load(&example)
+            .unwrap_or_else(|e| panic!("{}: {e}", example.display()));
+        let stem = example.file_stem().unwrap().to_string_lossy().into_owned();
+        for proxy in &config.infra.proxies {
+            let json = serde_json::to_string_pretty(proxy)
+                .unwrap()
+                .replace(&root.display().to_string(), "<repo>");
+            let case = golden_dir().join(format!("example-{stem}-{}", proxy.name));
+            let path = case.join("ir.json");
+            if bless {
+                std::fs::create_dir_all(&case).unwrap();
+                std::fs::write(&path, format!("{json}\n")).unwrap();
+            } else if std::fs::read_to_string(&path).ok().as_deref() != Some(&format!("{json}\n")) {
+                failures.push(format!(
+                    "{} no longer parses into {}",
+                    example.display(),
+                    path.display()
+                ));
+            }
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{}\n\n(if the change is intended: BERTH_BLESS=1 cargo test --test render_golden)",
+        failures.join("\n")
+    );
+}
