@@ -551,9 +551,20 @@ async fn show_status(cli: &Cli) -> Result<()> {
         .collect();
     let observed = owned(&engine, &names, &state).await?;
     let rows = status::collect(&state, &observed).await;
+    // What `berth serve` recorded (generations, conditions, last rollout), when it runs here.
+    let record = crate::runner::status::read(&state);
     if cli.output == Output::Json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
-    } else if rows.is_empty() {
+        let proxies = record.map(|r| r.proxies).unwrap_or_default();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "replicas": rows,
+                "proxies": proxies,
+            }))?
+        );
+        return Ok(());
+    }
+    if rows.is_empty() {
         println!(
             "no replicas (config {}, state {})",
             cli.config_path().display(),
@@ -561,6 +572,9 @@ async fn show_status(cli: &Cli) -> Result<()> {
         );
     } else {
         println!("{}", status::table(&rows));
+    }
+    if let Some(record) = record.filter(|r| !r.proxies.is_empty()) {
+        println!("\n{}", status::proxies_table(&record));
     }
     Ok(())
 }

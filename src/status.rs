@@ -5,6 +5,8 @@ use std::time::Duration;
 use serde::Serialize;
 
 use crate::admin::Admin;
+use crate::live;
+use crate::runner::status::Record;
 use crate::spec::{self, ObservedContainer, RunState, LABEL_NAME};
 use crate::state::StateDir;
 
@@ -23,6 +25,9 @@ pub struct ReplicaStatus {
     pub spec: String,
     pub uptime_seconds: Option<u64>,
     pub connections: Option<u64>,
+    /// The config generation this replica has accepted (the `version_info` of its watched
+    /// files, which `berth serve` stamps), when it reports one.
+    pub observed_generation: Option<u64>,
 }
 
 /// The status of every berth replica, sorted by proxy and slot.
@@ -34,19 +39,26 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
             let proxy = c.proxy().unwrap_or("?").to_string();
             let run_name = c.label(LABEL_NAME).unwrap_or(&c.name);
             let admin = Admin::new(state.proxy(&proxy).admin_socket(run_name));
-            let (ready, connections) = if c.state == RunState::Running {
+            let (ready, connections, observed_generation) = if c.state == RunState::Running {
                 let ready = tokio::time::timeout(ADMIN_TIMEOUT, admin.ready()).await;
                 let conns =
                     tokio::time::timeout(ADMIN_TIMEOUT, admin.downstream_connections()).await;
+                let subs = live::subscriptions(&state.read_xds(&proxy).unwrap_or_default());
+                let generation = tokio::time::timeout(ADMIN_TIMEOUT, live::snapshot(&admin))
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .and_then(|snap| live::confirmed_generation(&snap, &subs));
                 (
                     match ready {
                         Ok(Ok(r)) => r.to_string(),
                         _ => "-".to_string(),
                     },
                     conns.ok().and_then(|r| r.ok()),
+                    generation,
                 )
             } else {
-                ("-".to_string(), None)
+                ("-".to_string(), None, None)
             };
             ReplicaStatus {
                 proxy,
@@ -58,6 +70,7 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
                 spec: spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
                 uptime_seconds: c.uptime_seconds(),
                 connections,
+                observed_generation,
             }
         });
     let mut rows = futures_util::future::join_all(rows).await;
@@ -65,7 +78,7 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
     rows
 }
 
-/// A kubectl-style table.
+/// A kubectl-style table of replicas.
 pub fn table(rows: &[ReplicaStatus]) -> String {
     let header = [
         "PROXY",
@@ -75,29 +88,71 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
         "READY",
         "IMAGE",
         "SPEC",
+        "GEN",
         "UPTIME",
         "CONNS",
     ];
+    let dash = || "-".to_string();
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
             vec![
                 r.proxy.clone(),
-                r.slot.map(|s| s.to_string()).unwrap_or("-".into()),
+                r.slot.map(|s| s.to_string()).unwrap_or_else(dash),
                 r.container.clone(),
-                format!("{:?}", r.state).to_lowercase(),
+                r.state.to_string(),
                 r.ready.clone(),
                 r.image.clone(),
                 r.spec.clone(),
-                r.uptime_seconds.map(uptime).unwrap_or("-".into()),
-                r.connections.map(|c| c.to_string()).unwrap_or("-".into()),
+                r.observed_generation
+                    .map(|g| g.to_string())
+                    .unwrap_or_else(dash),
+                r.uptime_seconds.map(uptime).unwrap_or_else(dash),
+                r.connections.map(|c| c.to_string()).unwrap_or_else(dash),
             ]
         })
         .collect();
+    columns(&header, cells)
+}
+
+/// A table of what `berth serve` recorded per proxy: generation, conditions, last rollout.
+pub fn proxies_table(record: &Record) -> String {
+    let header = ["PROXY", "GENERATION", "CONDITIONS", "LAST ROLLOUT"];
+    let cells = record
+        .proxies
+        .iter()
+        .map(|(name, p)| {
+            let conditions: Vec<String> = p
+                .conditions
+                .iter()
+                .filter(|c| c.status == "True")
+                .map(|c| c.type_.clone())
+                .collect();
+            let last = p.last_rollout.as_ref().map_or_else(
+                || "-".to_string(),
+                |r| {
+                    format!(
+                        "{} {} (gen {}) at {}",
+                        r.kind, r.outcome, r.generation, r.finished_at
+                    )
+                },
+            );
+            vec![
+                name.clone(),
+                p.generation.to_string(),
+                conditions.join(","),
+                last,
+            ]
+        })
+        .collect();
+    columns(&header, cells)
+}
+
+fn columns(header: &[&str], cells: Vec<Vec<String>>) -> String {
     let mut widths: Vec<usize> = header.iter().map(|h| h.len()).collect();
     for row in &cells {
         for (w, cell) in widths.iter_mut().zip(row) {
-            *w = (*w).max(cell.len());
+            *w = (*w).max(cell.chars().count());
         }
     }
     let line = |row: Vec<String>| {

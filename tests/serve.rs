@@ -35,6 +35,32 @@ fn config_edit_scales_the_proxy() {
     assert_eq!(p["lastRollout"]["outcome"], "succeeded", "{p:#}");
     assert_eq!(case.containers().len(), 3);
     assert_eq!(case.body(), "one\n");
+
+    // `berth status` shows the same: the generation, and each replica's observed generation.
+    let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .arg("-f")
+        .arg(&case.config)
+        .arg("--state-dir")
+        .arg(case.state_dir.path())
+        .args(["status", "--output", "json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        status["proxies"][&case.name]["generation"].as_u64(),
+        Some(gen + 1),
+        "{status:#}"
+    );
+    let replicas = status["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 3);
+    for r in replicas {
+        assert_eq!(r["observed_generation"].as_u64(), Some(gen + 1), "{r}");
+    }
 }
 
 #[test]
