@@ -1,11 +1,20 @@
-"""Shared helpers for the benchmarks: run commands, write configs, measure the floor, clean up."""
-import json, os, shutil, statistics, subprocess, sys, tempfile, time
+"""Shared helpers for the benchmarks: run commands, write configs, measure the floor, clean up.
+
+Isolation: every benchmark passes its own label (`io.berth.bench=<name>`), its own proxy-name
+prefix, its own compose project name, its own ports and its own temporary directories, so two
+benchmarks (or a benchmark and the test suite, which uses `io.berth.test=1`) never touch each
+other's containers.
+"""
+import os, re, shutil, signal, socket, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BERTH = os.environ.get("BERTH_BIN", os.path.join(ROOT, "target/release/berth"))
 IMAGE = "berth/envoy:1.40.0"
-LABEL = "io.berth.bench=1"
 BASE_PORT = 21000
+
+
+def bench_label(name):
+    return f"io.berth.bench={name}"
 
 
 def sh(*args, check=True, **kw):
@@ -22,21 +31,31 @@ def timed(*args, **kw):
     return time.monotonic() - t, r
 
 
-def berth(cfg, state, *args):
-    return ["env", f"BERTH_STATE_DIR={state}", BERTH, "-f", cfg, "--container-label", LABEL, *args]
+def terminate_on_sigterm():
+    """SIGTERM raises SystemExit, so `finally:` blocks (the cleanup) run as they do on Ctrl-C."""
+    def handler(signum, frame):
+        raise SystemExit(f"terminated by signal {signum}")
+    signal.signal(signal.SIGTERM, handler)
 
 
-def fleet_toml(n_proxies, replicas, base_port, min_ready="2s", image=IMAGE):
+def berth(cfg, state, label, *args):
+    return ["env", f"BERTH_STATE_DIR={state}", BERTH, "-f", cfg, "--container-label", label, *args]
+
+
+def fleet_toml(n_proxies, replicas, base_port, prefix, min_ready="2s", image=IMAGE, drain_timeout="5s"):
+    """n proxies named <prefix>0.., each `replicas` replicas on port base_port+i, answering
+    200 "<name>\\n" to every request."""
     out = []
     for i in range(n_proxies):
+        name = f"{prefix}{i}"
         out.append(f"""
 [[proxy]]
-name = "bench{i}"
+name = "{name}"
 image = "{image}"
 replicas = {replicas}
 [proxy.rollout]
 min_ready = "{min_ready}"
-drain_timeout = "5s"
+drain_timeout = "{drain_timeout}"
 [proxy.shutdown]
 min_drain_duration = "0s"
 [[proxy.listener]]
@@ -45,7 +64,7 @@ port = {base_port + i}
 protocol = "http"
 [[proxy.listener.route]]
 path_prefix = "/"
-direct_response = {{ status = 200, body = "bench{i}\\n" }}
+direct_response = {{ status = 200, body = "{name}\\n" }}
 """)
     return "".join(out)
 
@@ -69,7 +88,10 @@ static_resources:
 """
 
 
-def compose_project(d, n, replicas, base_port, image=IMAGE):
+def compose_project(d, n, replicas, base_port, label, image=IMAGE):
+    """A compose file in d: n services envoy0.. of `replicas` each on port base_port+i, hardened
+    like berth's replicas. The image is FROM scratch, so the admin socket needs the writable
+    /tmp tmpfs (read-only root filesystem)."""
     services = []
     for i in range(n):
         path = os.path.join(d, f"bootstrap{i}.yaml")
@@ -81,7 +103,7 @@ def compose_project(d, n, replicas, base_port, image=IMAGE):
     network_mode: host
     scale: {replicas}
     restart: unless-stopped
-    labels: ["io.berth.bench=1"]
+    labels: ["{label}"]
     user: "101:101"
     read_only: true
     cap_drop: [ALL]
@@ -94,36 +116,115 @@ def compose_project(d, n, replicas, base_port, image=IMAGE):
         f.write('version: "2.4"\nservices:\n' + "".join(services))
 
 
+def compose(cdir, project, *args, **kw):
+    return sh("docker-compose", "-p", project, *args, cwd=cdir, **kw)
+
+
+def _http(sock, path, host):
+    """One HTTP/1.1 GET on a connected socket: (status, body), chunked bodies decoded. Reads
+    only as far as the answer goes (Envoy may hold the connection open after it, e.g. for its
+    delayed close)."""
+    sock.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+    data = b""
+
+    def more():
+        nonlocal data
+        chunk = sock.recv(65536)
+        data += chunk
+        return bool(chunk)
+    while b"\r\n\r\n" not in data:
+        if not more():
+            raise ValueError("connection closed before the headers")
+    head, _, _ = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split()[1])
+    headers = dict((k.strip().lower(), v.strip()) for k, _, v in (l.partition(":") for l in lines[1:]))
+    start = len(head) + 4
+    if headers.get("transfer-encoding", "").lower() == "chunked":
+        out, pos = b"", start
+        while True:
+            while b"\r\n" not in data[pos:]:
+                if not more():
+                    raise ValueError("connection closed inside a chunk")
+            size_line, _, _ = data[pos:].partition(b"\r\n")
+            size = int(size_line.split(b";")[0], 16)
+            pos += len(size_line) + 2
+            if size == 0:
+                break
+            while len(data) < pos + size + 2:
+                if not more():
+                    raise ValueError("connection closed inside a chunk")
+            out += data[pos:pos + size]
+            pos += size + 2
+        body = out
+    elif "content-length" in headers:
+        n = int(headers["content-length"])
+        while len(data) < start + n:
+            if not more():
+                raise ValueError("connection closed inside the body")
+        body = data[start:start + n]
+    else:
+        while more():
+            pass
+        body = data[start:]
+    return status, body.decode(errors="replace")
+
+
+def unix_get(sock, path, timeout=1.0):
+    """GET over a Unix socket (an Envoy admin socket); the body, or None."""
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            s.connect(sock)
+            return _http(s, path, "admin")[1]
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def http_get(port, path="/", timeout=2.0):
+    """(status, body) of one GET to 127.0.0.1:port, or (None, error)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+            return _http(s, path, "127.0.0.1")
+    except (OSError, IndexError, ValueError) as e:
+        return None, str(e)
+
+
 def wait_ready_socket(sock, deadline=30):
     end = time.monotonic() + deadline
     while time.monotonic() < end:
-        r = sh("curl", "-s", "--unix-socket", sock, "http://admin/ready", check=False)
-        if r.stdout.strip() == "LIVE":
+        if (unix_get(sock, "/ready") or "").strip() == "LIVE":
             return True
-        time.sleep(0.01)
+        time.sleep(0.005)
     return False
 
 
-def floor_run(d):
-    """docker run of one Envoy until /ready is LIVE, as berth would run it (hardened)."""
+def floor_run(d, port, label):
+    """Seconds from `docker run` of one Envoy until its /ready is LIVE, run as berth runs a
+    replica (host network, user 101, read-only root, no capabilities, no-new-privileges,
+    restart unless-stopped, a run directory for the admin socket, one worker)."""
     run = os.path.join(d, "floor-run")
     os.makedirs(run, exist_ok=True)
     os.chmod(run, 0o777)
-    if os.path.exists(os.path.join(run, "admin.sock")):
-        os.remove(os.path.join(run, "admin.sock"))  # the previous run's
+    sock = os.path.join(run, "admin.sock")
+    if os.path.exists(sock):
+        os.remove(sock)  # the previous run's
     path = os.path.join(d, "floor.yaml")
     with open(path, "w") as f:
-        f.write(BOOTSTRAP.format(port=BASE_PORT + 500).replace("/tmp/admin.sock", "/run/berth/admin.sock"))
+        f.write(BOOTSTRAP.format(port=port).replace("/tmp/admin.sock", "/run/berth/admin.sock"))
     os.chmod(path, 0o644)
     t = time.monotonic()
-    cid = sh("docker", "run", "-d", "--label", LABEL, "--network", "host", "--read-only",
-             "--cap-drop", "ALL", "--security-opt", "no-new-privileges:true",
+    cid = sh("docker", "run", "-d", "--label", label, "--network", "host", "--user", "101:101",
+             "--restart", "unless-stopped", "--read-only", "--cap-drop", "ALL",
+             "--security-opt", "no-new-privileges:true",
              "-v", f"{path}:/etc/envoy/bootstrap.yaml:ro", "-v", f"{run}:/run/berth",
              IMAGE, "-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", "1").stdout.strip()
-    ok = wait_ready_socket(os.path.join(run, "admin.sock"))
+    ok = wait_ready_socket(sock)
     elapsed = time.monotonic() - t
     sh("docker", "rm", "-f", cid, check=False)
-    return elapsed if ok else float("nan")
+    if not ok:
+        raise SystemExit(f"floor: the Envoy container {cid[:12]} never reported LIVE")
+    return elapsed
 
 
 def running(label_filter):
@@ -131,13 +232,40 @@ def running(label_filter):
     return len(sh("docker", "ps", "-q", "--filter", f"label={label_filter}", check=False).stdout.split())
 
 
-def cleanup(d, state, compose_dir=None):
-    if compose_dir and os.path.exists(os.path.join(compose_dir, "docker-compose.yml")):
-        sh("docker-compose", "-p", "berthbench", "down", "-t", "1", cwd=compose_dir, check=False)
-    ids = sh("docker", "ps", "-aq", "--filter", f"label={LABEL}", check=False).stdout.split()
+def listener_pids(port):
+    """The processes with a TCP socket listening on port (one per Envoy, whatever its workers)."""
+    out = sh("ss", "-Hltnp", f"sport = :{port}", check=False).stdout
+    return set(re.findall(r"pid=(\d+)", out))
+
+
+def wait_serving(port, n, body=None, deadline=60):
+    """Until exactly n processes listen on 127.0.0.1:port and a GET answers 200 (with `body`
+    if given). Raises when that does not happen within the deadline."""
+    end = time.monotonic() + deadline
+    last = None
+    while time.monotonic() < end:
+        pids = listener_pids(port)
+        status, text = http_get(port)
+        last = (len(pids), status, text.strip()[:80])
+        if len(pids) == n and status == 200 and (body is None or text == body):
+            return
+        time.sleep(0.1)
+    raise SystemExit(f"port {port} never served from {n} processes; last: {last[0]} listening, "
+                     f"status {last[1]}, body {last[2]!r}")
+
+
+def remove_labelled(label):
+    ids = sh("docker", "ps", "-aq", "--filter", f"label={label}", check=False).stdout.split()
     if ids:
         sh("docker", "rm", "-f", *ids, check=False)
-    shutil.rmtree(state, ignore_errors=True)
-    shutil.rmtree(d, ignore_errors=True)
+    return len(ids)
 
 
+def cleanup(label, dirs=(), compose_dir=None, project=None):
+    """Removes this benchmark's containers (its label only), its compose project and its
+    directories (state included)."""
+    if compose_dir and project and os.path.exists(os.path.join(compose_dir, "docker-compose.yml")):
+        compose(compose_dir, project, "down", "-t", "1", check=False)
+    remove_labelled(label)
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)

@@ -2,35 +2,66 @@
 """Rolling upgrade under load: berth vs docker-compose, in one run.
 
 Run: scripts/bench.sh rollout      (prints a table; cleans up after itself)
+     BENCH_ROLLOUTS=2 scripts/bench.sh rollout      (a short run)
 
 Both fleets are 3 Envoy replicas on one host port (host networking, SO_REUSEPORT), upgraded
-1.39.3 -> 1.40.0 (and back) under wrk keep-alive load (50 connections, 2 threads).
+1.39.3 -> 1.40.0 (and back) under wrk keep-alive load (50 connections, 2 threads, 127.0.0.1 only).
 - berth: `berth up` after the image changes in the config, ROLLOUTS times, alternating;
 - compose: `docker-compose up -d` after the image changes in the compose file, ROLLOUTS times;
+- before any load, each fleet must serve on 127.0.0.1:PORT from 3 Envoy processes (asserted);
+  each rollout ends when the port again serves from 3 processes, then the load runs 2s more;
 - failed requests = wrk socket errors + non-2xx; longest gap without a 2xx (wrk Lua, per thread);
-- per-replica time: berth's replace of one slot (new container created .. old one removed),
-  against the floor (`docker run` of one Envoy until /ready), measured in the same run.
-"""
-import os, re, signal, statistics, subprocess, sys, tempfile, time
+- per-replica time: from berth's `replacing` event of a slot to the `removed` event of that
+  slot's old container (events timestamped as they arrive), split into create+start until LIVE,
+  min_ready (configured), drain (from the `drained` event) and stop+remove, against the floor:
+  `docker run` of one hardened Envoy until /ready is LIVE, measured in the same run, under the
+  same wrk load just before each berth rollout (and once without load, for reference).
 
-from common import BASE_PORT, berth, cleanup, compose_project, fleet_toml, floor_run, sh, timed
+Its own label (io.berth.bench=rollout), proxy name (rb0), compose project (bbrollout) and ports
+(21700, floor 21701): it never touches another benchmark's containers.
+"""
+import json, os, re, signal, statistics, subprocess, sys, tempfile, threading, time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from common import (BASE_PORT, bench_label, berth, cleanup, compose, compose_project, fleet_toml,  # noqa: E402
+                    floor_run, remove_labelled, running, sh, terminate_on_sigterm, wait_serving)
 
 ROLLOUTS = int(os.environ.get("BENCH_ROLLOUTS", "10"))
 OLD, NEW = "berth/envoy:1.39.3", "berth/envoy:1.40.0"
+LABEL = bench_label("rollout")
+PROJECT = "bbrollout"
+PREFIX = "rb"
+PROXY = PREFIX + "0"
 PORT = BASE_PORT + 700
-MIN_READY, DRAIN = "1s", "10s"
+FLOOR_PORT = BASE_PORT + 701
+REPLICAS = 3
+MIN_READY_S, DRAIN = 1.0, "10s"
+SETTLE = 2.0            # seconds of load before and after each rollout
+WRK_MAX = 600           # wrk's own bound (-d); it is stopped with SIGINT long before
+ROLLOUT_DEADLINE = 180  # one `berth up` / `docker-compose up -d` may take at most this long
 HERE = os.path.dirname(os.path.abspath(__file__))
+
+children = []  # every wrk and `berth up` started, killed in main's finally before the cleanup
 
 
 def start_wrk(port):
-    return subprocess.Popen(
-        ["wrk", "-t2", "-c50", "-d600s", "-s", os.path.join(HERE, "gap.lua"), f"http://127.0.0.1:{port}/"],
+    p = subprocess.Popen(
+        ["wrk", "-t2", "-c50", f"-d{WRK_MAX}s", "-s", os.path.join(HERE, "gap.lua"), f"http://127.0.0.1:{port}/"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    children.append(p)
+    return p
 
 
 def stop_wrk(p):
+    """SIGINT (wrk prints its summary); socket errors + non-2xx, requests, longest 2xx gap."""
+    if p.poll() is not None:
+        raise SystemExit(f"wrk ended before it was stopped (exit {p.returncode}):\n{p.stdout.read()}")
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
+    reqs = re.search(r"(\d+) requests in", out)
+    gap = re.search(r"MAXGAP ([\d.]+)", out)
+    if not reqs or not gap:
+        raise SystemExit(f"cannot read wrk's summary:\n{out}")
     errors = 0
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     if m:
@@ -38,109 +69,210 @@ def stop_wrk(p):
     m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if m:
         errors += int(m.group(1))
-    reqs = re.search(r"(\d+) requests in", out)
-    gap = re.search(r"MAXGAP ([\d.]+)", out)
-    return errors, int(reqs.group(1)) if reqs else 0, float(gap.group(1)) if gap else float("nan")
+    return dict(errors=errors, reqs=int(reqs.group(1)), gap=float(gap.group(1)), wrk=out)
 
 
-def berth_rollouts(d, state):
+def images(label):
+    return sorted(sh("docker", "ps", "--filter", f"label={label}", "--format", "{{.Image}}").stdout.split())
+
+
+def berth_up_events(cmd, log):
+    """Runs `berth --output json up`, timestamping each event line as it arrives. Returns
+    (exit code, seconds, [(t, event dict)])."""
+    t0 = time.monotonic()
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True)
+    children.append(p)
+    timer = threading.Timer(ROLLOUT_DEADLINE, p.kill)
+    timer.start()
+    events = []
+    try:
+        for line in iter(p.stdout.readline, ""):
+            t = time.monotonic() - t0
+            if line.startswith("{"):
+                events.append((t, json.loads(line)))
+        rc = p.wait()
+    finally:
+        timer.cancel()
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return rc, time.monotonic() - t0, events
+
+
+def replicas_of(events):
+    """Per slot, the replacement's steps: `replacing` (slot, old) -> `created`/`ready` (slot, new)
+    -> `draining`/`drained`/`removed` (old container, no slot). Only complete ones."""
+    by_slot, slot_of_old = {}, {}
+    for t, e in events:
+        kind, slot, c = e.get("event"), e.get("slot"), e.get("container")
+        if kind == "replacing":
+            by_slot[slot] = dict(slot=slot, old=c, replacing=t)
+            slot_of_old[c] = slot
+        elif kind in ("created", "ready") and slot in by_slot:
+            by_slot[slot][kind] = t
+        elif kind in ("draining", "drained", "removed") and c in slot_of_old:
+            r = by_slot[slot_of_old[c]]
+            r[kind] = t
+            if kind == "drained":
+                m = re.search(r"(\d+) connection\(s\) left after ([\d.]+)s", e.get("message", ""))
+                if m:
+                    r["left"], r["drain"] = int(m.group(1)), float(m.group(2))
+    out = []
+    for r in by_slot.values():
+        if all(k in r for k in ("replacing", "created", "ready", "draining", "drained", "removed", "drain")):
+            r["total"] = r["removed"] - r["replacing"]
+            r["to_live"] = r["ready"] - r["replacing"] - MIN_READY_S
+            r["create_start"] = r["created"] - r["replacing"]
+            r["boot"] = r["to_live"] - r["create_start"]
+            r["stop_remove"] = r["removed"] - r["drained"]
+            r["other"] = r["total"] - r["to_live"] - MIN_READY_S - r["drain"] - r["stop_remove"]
+            out.append(r)
+    return out
+
+
+def berth_rollouts(d, state, floors, floors_idle):
     cfg = os.path.join(d, "berth.toml")
+    body = f"{PROXY}\n"
+
     def write(image):
         with open(cfg, "w") as f:
-            f.write(fleet_toml(1, 3, PORT, min_ready=MIN_READY, image=image).replace('name = "bench0"', 'name = "roll"')
-                    .replace('drain_timeout = "5s"', f'drain_timeout = "{DRAIN}"'))
+            f.write(fleet_toml(1, REPLICAS, PORT, PREFIX, min_ready=f"{MIN_READY_S}s", image=image,
+                               drain_timeout=DRAIN))
     write(OLD)
-    sh(*berth(cfg, state, "-q", "up"))
-    time.sleep(1)
+    sh(*berth(cfg, state, LABEL, "-q", "up"))
+    assert running(LABEL) == REPLICAS, f"berth runs {running(LABEL)} of {REPLICAS} replicas"
+    wait_serving(PORT, REPLICAS, body)
     results = []
+    log_path = os.path.join(d, "berth-up.log")
     for i in range(ROLLOUTS):
+        floors_idle.append(floor_run(d, FLOOR_PORT, LABEL))
         image = NEW if i % 2 == 0 else OLD
         write(image)
         wrk = start_wrk(PORT)
-        time.sleep(2)
+        time.sleep(SETTLE / 2)
+        # The floor under the same load as the replicas berth starts next (its own port).
+        floors.append(floor_run(d, FLOOR_PORT, LABEL))
+        time.sleep(SETTLE / 2)
         t0 = time.monotonic()
-        p = subprocess.Popen(berth(cfg, state, "--output", "json", "up"), stdout=subprocess.PIPE, text=True)
-        per_replica, started, ready, drained = [], None, [], []
-        for line in p.stdout:
-            if '"event":"replacing"' in line:
-                started = time.monotonic()
-            elif '"event":"ready"' in line:
-                m = re.search(r"in ([\d.]+)s", line)
-                if m:
-                    ready.append(float(m.group(1)))
-            elif '"event":"drained"' in line:
-                m = re.search(r"after ([\d.]+)s", line)
-                if m:
-                    drained.append(float(m.group(1)))
-            elif '"event":"removed"' in line and started is not None:
-                per_replica.append(time.monotonic() - started)
-                started = None
-        rc = p.wait()
-        total = time.monotonic() - t0
-        time.sleep(2)
-        errors, reqs, gap = stop_wrk(wrk)
-        results.append(dict(rc=rc, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=per_replica,
-                            ready=ready, drained=drained))
-    sh(*berth(cfg, state, "-q", "down"))
+        with open(log_path, "w") as log:
+            rc, total, events = berth_up_events(berth(cfg, state, LABEL, "--output", "json", "up"), log)
+        if rc != 0:
+            sys.stderr.write(f"berth up exited {rc}; stderr:\n{open(log_path).read()}\nevents:\n"
+                             + "\n".join(f"{t:7.3f} {json.dumps(e)}" for t, e in events) + "\n")
+        wait_serving(PORT, REPLICAS, body)
+        serving = time.monotonic() - t0
+        time.sleep(SETTLE)
+        w = stop_wrk(wrk)
+        reps = replicas_of(events)
+        now = images(LABEL)
+        results.append(dict(rc=rc, total=total, serving=serving, replicas=reps, events=events,
+                            on_new_image=now == [image] * REPLICAS, **w))
+        if len(reps) != REPLICAS:
+            sys.stderr.write(f"berth rollout {i + 1}: {len(reps)} complete replacements, expected {REPLICAS}; events:\n"
+                             + "\n".join(f"{t:7.3f} {json.dumps(e)}" for t, e in events) + "\n")
+    sh(*berth(cfg, state, LABEL, "-q", "down"))
     return results
 
 
-def compose_rollouts(d):
-    cdir = os.path.join(d, "compose")
+def compose_rollouts(cdir):
     os.makedirs(cdir)
-    def write(image):
-        compose_project(cdir, 1, 3, PORT, image=image)
-    write(OLD)
-    sh("docker-compose", "-p", "berthroll", "up", "-d", cwd=cdir)
-    time.sleep(3)
+    body = "compose\n"
+    compose_project(cdir, 1, REPLICAS, PORT, LABEL, image=OLD)
+    compose(cdir, PROJECT, "up", "-d")
+    assert running(LABEL) == REPLICAS, f"compose runs {running(LABEL)} of {REPLICAS} replicas"
+    wait_serving(PORT, REPLICAS, body)  # the compose replicas serve before any load
     results = []
     for i in range(ROLLOUTS):
-        write(NEW if i % 2 == 0 else OLD)
+        image = NEW if i % 2 == 0 else OLD
+        compose_project(cdir, 1, REPLICAS, PORT, LABEL, image=image)
         wrk = start_wrk(PORT)
-        time.sleep(2)
-        total, _ = timed("docker-compose", "-p", "berthroll", "up", "-d", cwd=cdir)
-        time.sleep(4)
-        errors, reqs, gap = stop_wrk(wrk)
-        results.append(dict(rc=0, errors=errors, reqs=reqs, gap=gap, total=total, per_replica=[], ready=[], drained=[]))
-    sh("docker-compose", "-p", "berthroll", "down", "-t", "1", cwd=cdir, check=False)
+        time.sleep(SETTLE)
+        t0 = time.monotonic()
+        r = compose(cdir, PROJECT, "up", "-d", check=False, timeout=ROLLOUT_DEADLINE)
+        total = time.monotonic() - t0
+        wait_serving(PORT, REPLICAS, body)
+        serving = time.monotonic() - t0
+        time.sleep(SETTLE)
+        w = stop_wrk(wrk)
+        results.append(dict(rc=r.returncode, total=total, serving=serving, replicas=[], events=[],
+                            on_new_image=images(LABEL) == [image] * REPLICAS, **w))
+    compose(cdir, PROJECT, "down", "-t", "1", check=False)
     return results
 
 
 def main():
-    d = tempfile.mkdtemp(prefix="berth-bench-")
-    state = os.path.join(d, "state")
+    terminate_on_sigterm()
+    d = tempfile.mkdtemp(prefix="bb-roll-", dir="/tmp")
+    state = tempfile.mkdtemp(prefix="bb-roll-state-", dir="/tmp")
+    cdir = os.path.join(d, "compose")
+    if remove_labelled(LABEL):
+        sys.stderr.write(f"removed containers left by an earlier run ({LABEL})\n")
     try:
-        floors = [floor_run(d) for _ in range(5)]
-        b = berth_rollouts(d, state)
-        c = compose_rollouts(d)
-        med = statistics.median
-        floor = med(floors)
-        per = [x for r in b for x in r["per_replica"]]
-        print()
-        print(f"Rolling upgrade of 3 replicas under wrk load (50 keep-alive connections), {ROLLOUTS} rollouts each")
-        print(f"{'':<40} {'berth':>14} {'docker-compose':>16}")
-        print("-" * 72)
-        print(f"{'failed requests, total':<40} {sum(r['errors'] for r in b):>14} {sum(r['errors'] for r in c):>16}")
-        print(f"{'failed requests, worst rollout':<40} {max(r['errors'] for r in b):>14} {max(r['errors'] for r in c):>16}")
-        print(f"{'requests served, total':<40} {sum(r['reqs'] for r in b):>14} {sum(r['reqs'] for r in c):>16}")
-        print(f"{'longest gap without a 2xx (max)':<40} {max(r['gap'] for r in b):>13.3f}s {max(r['gap'] for r in c):>15.3f}s")
-        print(f"{'rollout time (median)':<40} {med([r['total'] for r in b]):>13.2f}s {med([r['total'] for r in c]):>15.2f}s")
-        print(f"{'rollouts that failed (exit != 0)':<40} {sum(1 for r in b if r['rc'] != 0):>14} {'':>16}")
-        print()
-        ready = med([x for r in b for x in r["ready"]])
-        drained = med([x for r in b for x in r["drained"]])
-        min_ready = float(MIN_READY.rstrip("s"))
-        per_med = med(per) if per else float("nan")
-        rest = per_med - ready - min_ready - drained
-        goal = 1.2 * floor + min_ready + drained
-        print(f"per-replica replace time (berth, median of {len(per)}): {per_med:.2f}s")
-        print(f"  = create+start+ready {ready:.2f}s + min_ready {min_ready:.2f}s + drain {drained:.2f}s"
-              f" (until 0 connections; min_drain_duration 0s, drain_timeout {DRAIN}) + stop/remove/poll {rest:.2f}s")
-        print(f"floor (docker run of 1 hardened Envoy until /ready, median of {len(floors)}): {floor:.2f}s;"
-              f" create+start+ready / floor = {ready / floor:.2f}x")
-        print(f"goal: per-replica <= 1.2 x floor + min_ready + drain = {goal:.2f}s -> {'met' if per_med <= goal else 'NOT met'}")
+        floors, floors_idle = [], []
+        b = berth_rollouts(d, state, floors, floors_idle)
+        c = compose_rollouts(cdir)
     finally:
-        cleanup(d, state)
+        for p in children:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        cleanup(LABEL, dirs=(d, state), compose_dir=cdir, project=PROJECT)
+    report(b, c, floors, floors_idle)
+
+
+def report(b, c, floors, floors_idle):
+    med = statistics.median
+    w = 44
+    print()
+    print(f"Rolling upgrade of {REPLICAS} replicas ({OLD} <-> {NEW}) under wrk load "
+          f"(50 keep-alive connections, 2 threads), {ROLLOUTS} rollouts each")
+    print(f"{'':<{w}} {'berth':>14} {'docker-compose':>16}")
+    print("-" * (w + 32))
+
+    def row(name, f, fmt):
+        print(f"{name:<{w}} {format(f(b), fmt):>14} {format(f(c), fmt):>16}")
+    row("failed requests, total", lambda rs: sum(r["errors"] for r in rs), "d")
+    row("failed requests, worst rollout", lambda rs: max(r["errors"] for r in rs), "d")
+    row("requests served, total", lambda rs: sum(r["reqs"] for r in rs), "d")
+    row("longest gap without a 2xx (max), s", lambda rs: max(r["gap"] for r in rs), ".3f")
+    row("rollout command time (median), s", lambda rs: med([r["total"] for r in rs]), ".2f")
+    row("until 3 replicas serve again (median), s", lambda rs: med([r["serving"] for r in rs]), ".2f")
+    row("rollouts that failed (exit != 0)", lambda rs: sum(1 for r in rs if r["rc"] != 0), "d")
+    row("rollouts not on the new image after", lambda rs: sum(1 for r in rs if not r["on_new_image"]), "d")
+    print()
+    per = [x for r in b for x in r["replicas"]]
+    floor = med(floors)
+    expected = REPLICAS * ROLLOUTS
+    if not per:
+        print(f"per-replica breakdown: no complete replacement in berth's events (expected {expected})")
+        return
+    comp = {k: med([x[k] for x in per])
+            for k in ("total", "to_live", "create_start", "boot", "drain", "stop_remove", "other", "left")}
+    goal = 1.2 * floor + MIN_READY_S + comp["drain"]
+    met = sum(1 for x in per if x["total"] <= 1.2 * floor + MIN_READY_S + x["drain"])
+    print(f"berth per-replica replace time, `replacing` -> `removed` of a slot (median of {len(per)}"
+          f" replacements{'' if len(per) == expected else f', EXPECTED {expected}'}):")
+    print(f"  {'create + start until LIVE':<40} {comp['to_live']:>7.2f}s"
+          f"   (create + start {comp['create_start']:.2f}s, then until LIVE + listeners {comp['boot']:.2f}s)")
+    print(f"  {'min_ready (configured)':<40} {MIN_READY_S:>7.2f}s")
+    print(f"  {'drain (until 0 connections; timeout ' + DRAIN + ')':<40} {comp['drain']:>7.2f}s"
+          f"   ({comp['left']:.0f} connection(s) left, median)")
+    print(f"  {'stop + remove':<40} {comp['stop_remove']:>7.2f}s")
+    print(f"  {'other (between the steps)':<40} {comp['other']:>7.2f}s")
+    print(f"  {'per replica':<40} {comp['total']:>7.2f}s")
+    idle = med(floors_idle)
+    print(f"floor: docker run of 1 hardened Envoy until /ready LIVE, under the same wrk load (median of"
+          f" {len(floors)}): {floor:.2f}s; create + start until LIVE / floor = {comp['to_live'] / floor:.2f}x")
+    print(f"       the same without load (median of {len(floors_idle)}): {idle:.2f}s"
+          f" (goal against it: {1.2 * idle + MIN_READY_S + comp['drain']:.2f}s)")
+    print(f"goal: per replica <= 1.2 x floor + min_ready + drain = 1.2 x {floor:.2f} + {MIN_READY_S:.2f}"
+          f" + {comp['drain']:.2f} = {goal:.2f}s -> {'met' if comp['total'] <= goal else 'NOT met'}"
+          f" (median {comp['total']:.2f}s; {met} of {len(per)} replacements within their own goal)")
+    print()
+    print("per rollout:   berth: failed / requests / gap / time     compose: failed / requests / gap / time")
+    for i, (x, y) in enumerate(zip(b, c)):
+        print(f"  {i + 1:>3}  {x['errors']:>12} {x['reqs']:>9} {x['gap']:>6.3f}s {x['total']:>6.2f}s"
+              f"  {y['errors']:>18} {y['reqs']:>9} {y['gap']:>6.3f}s {y['total']:>6.2f}s")
 
 
 if __name__ == "__main__":

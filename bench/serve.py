@@ -5,15 +5,15 @@ One run, one table. Uses the release binary (scripts/bench.sh builds it) and cle
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import BERTH, IMAGE, fleet_toml, sh  # noqa: E402
+from common import BERTH, IMAGE, fleet_toml, sh, terminate_on_sigterm  # noqa: E402
 
-# Its own label (other benchmarks may run at the same time and clean up io.berth.bench=1).
+# Its own label, proxy names (sv0..sv9) and ports: other benchmarks use io.berth.bench=noop|rollout.
 LABEL = "io.berth.bench=serve"
 
 PROXIES, REPLICAS = 10, 3
 BASE = 23100
 STATUS_PORT = 23099
-ROUNDS = 5
+ROUNDS = int(os.environ.get("BENCH_ROUNDS", "5"))  # drift repairs and route updates each
 
 
 def unix_get(sock, path, timeout=1.0):
@@ -97,10 +97,10 @@ def cleanup(d, state):
     shutil.rmtree(d, ignore_errors=True)
 
 
-def fleet(body0="bench0\\n"):
-    """The fleet, with proxy names of its own (other benchmarks use bench0…)."""
-    text = fleet_toml(PROXIES, REPLICAS, BASE, min_ready="0s").replace('name = "bench', 'name = "sv')
-    return text.replace('body = "bench0\\n"', f'body = "{body0}"')
+def fleet(body0="sv0\\n"):
+    """The fleet, with proxy names of its own (sv0..sv9; other benchmarks use nb*, nf*, rb*)."""
+    text = fleet_toml(PROXIES, REPLICAS, BASE, "sv", min_ready="0s")
+    return text.replace('body = "sv0\\n"', f'body = "{body0}"')
 
 
 def write_config(path, text):
@@ -111,6 +111,7 @@ def write_config(path, text):
 
 
 def main():
+    terminate_on_sigterm()
     d = tempfile.mkdtemp(prefix="bsv")
     state = tempfile.mkdtemp(prefix="bss", dir="/tmp")
     cfg = os.path.join(d, "berth.toml")
