@@ -225,11 +225,14 @@ fn renderer(cli: &Cli) -> Result<Renderer> {
     }
 }
 
+/// The state directory, absolute: it is a bind-mount source and a container label.
 fn state_dir(cli: &Cli, config: Option<&Config>) -> PathBuf {
-    cli.state_dir
+    let dir = cli
+        .state_dir
         .clone()
         .or_else(|| config.and_then(|c| c.state_dir.clone()))
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR))
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    std::path::absolute(&dir).unwrap_or(dir)
 }
 
 fn reporter(cli: &Cli) -> Reporter {
@@ -362,7 +365,7 @@ async fn owned(
 ) -> Result<Vec<ObservedContainer>> {
     let mut known = config_proxies.clone();
     known.extend(state.proxies()?);
-    engine.observe_proxies(&known).await
+    engine.observe_proxies(&known, state.root()).await
 }
 
 async fn diff(cli: &Cli) -> Result<()> {

@@ -44,7 +44,7 @@ use futures_util::{StreamExt, TryStreamExt};
 use crate::layout;
 use crate::spec::{
     ContainerInfo, LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState,
-    LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE,
+    LABEL_MANAGED_BY, LABEL_PROXY, LABEL_STATE_DIR, MANAGED_BY_VALUE,
 };
 
 /// The UID every replica runs as (see the module docs).
@@ -151,12 +151,14 @@ impl Engine {
         Ok(found)
     }
 
-    /// Like [`Engine::observe`], but only the containers of the named proxies are inspected
+    /// Like [`Engine::observe`], but only the containers of the named proxies made by the berth
+    /// of `state_dir` are inspected
     /// (and returned): one list call plus one inspect per container of those proxies, however
     /// many other berth containers (other state directories, test runs) the host has.
     pub async fn observe_proxies(
         &self,
         proxies: &std::collections::BTreeSet<String>,
+        state_dir: &Path,
     ) -> Result<Vec<ObservedContainer>> {
         let filter = format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}");
         let mut summaries = self.list_labelled(&filter).await?;
@@ -164,6 +166,8 @@ impl Engine {
             s.labels.as_ref().is_some_and(|l| {
                 l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_VALUE)
                     && l.get(LABEL_PROXY).is_some_and(|p| proxies.contains(p))
+                    && l.get(LABEL_STATE_DIR)
+                        .is_none_or(|d| Path::new(d) == state_dir)
             })
         });
         let mut found = self.inspect_all(summaries).await?;

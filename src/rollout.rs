@@ -18,6 +18,7 @@ use crate::crashpoint;
 use crate::desired::Target;
 use crate::docker::Engine;
 use crate::ir::{OnFailure, RolloutPolicy, Shutdown};
+use crate::live;
 use crate::plan::{self, Action, ContainerRef};
 use crate::progress::{Event, Reporter};
 use crate::render;
@@ -215,7 +216,7 @@ impl Rollout<'_> {
             self.copy_tls(target)?;
             String::new()
         };
-        self.write_files(target)?;
+        self.write_files(target, observed).await?;
 
         let policy = &target.proxy.rollout;
         let shutdown = &target.proxy.config.shutdown;
@@ -466,7 +467,7 @@ impl Rollout<'_> {
         Ok(())
     }
 
-    fn write_files(&self, target: &Target) -> Result<()> {
+    async fn write_files(&self, target: &Target, observed: &[ObservedContainer]) -> Result<()> {
         let name = target.name();
         self.state.write_spec(&target.desired)?;
         self.state.write_generation(
@@ -474,10 +475,55 @@ impl Rollout<'_> {
             &target.desired.spec.bootstrap_sha256,
             &target.rendered.bootstrap,
         )?;
-        let changed = self.state.write_xds(name, &target.rendered.xds)?;
-        if !changed.is_empty() {
+        let on_disk = self.state.read_xds(name)?;
+        let files = if live::generation_of(&target.rendered.xds).is_some() {
+            // `berth serve` stamps its own generations.
+            target.rendered.xds.clone()
+        } else if live::unstamp(&on_disk) == target.rendered.xds {
+            on_disk.clone()
+        } else {
+            let next = live::generation_of(&on_disk).unwrap_or(0) + 1;
+            live::stamp(&target.rendered.xds, next)
+        };
+        if files == on_disk {
+            return Ok(());
+        }
+        // Routes, clusters and backends change live: every running replica must confirm the
+        // new files, or the previous ones come back and nothing else is changed.
+        let mut replicas = live::replicas(self.state, name, observed);
+        if live::subscriptions(&files).is_empty() {
+            // xds mode: only SDS files here, which Envoy Gateway's config does not version.
+            replicas.clear();
+        }
+        let written = if replicas.is_empty() {
+            self.state.write_xds(name, &files)?
+        } else {
+            self.reporter.waiting(format!(
+                "{name}: {} replica(s) confirming the new files",
+                replicas.len()
+            ));
+            let outcome = live::update(
+                self.state,
+                name,
+                &files,
+                &replicas,
+                live::DEFAULT_CONFIRM_TIMEOUT,
+            )
+            .await
+            .with_context(|| format!("live update of proxy {name}'s routes, clusters and backends; the previous files are back and no replica was changed"))?;
+            outcome.written
+        };
+        if !written.is_empty() {
             self.reporter
-                .event(Event::new(name, "files").message(format!("wrote {}", changed.join(", "))));
+                .event(Event::new(name, "files").message(format!(
+                    "wrote {}{}",
+                    written.join(", "),
+                    if replicas.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; confirmed by {} replica(s)", replicas.len())
+                    }
+                )));
         }
         Ok(())
     }
@@ -758,7 +804,11 @@ impl Rollout<'_> {
                 Ok(_) => {
                     crashpoint::reached("mid-rollback");
                     let only = BTreeSet::from([name.to_string()]);
-                    let current = self.engine.observe_proxies(&only).await.unwrap_or_default();
+                    let current = self
+                        .engine
+                        .observe_proxies(&only, self.state.root())
+                        .await
+                        .unwrap_or_default();
                     if let Some(c) = current.iter().find(|c| c.name == *new_name) {
                         let r = ContainerRef {
                             id: c.id.clone(),
@@ -798,7 +848,7 @@ impl Rollout<'_> {
         let name = target.name();
         let current = self
             .engine
-            .observe_proxies(&BTreeSet::from([name.to_string()]))
+            .observe_proxies(&BTreeSet::from([name.to_string()]), self.state.root())
             .await?;
         let mine: Vec<&ObservedContainer> =
             current.iter().filter(|c| c.proxy() == Some(name)).collect();

@@ -328,7 +328,12 @@ async fn drift_is_put_back_stopped_renamed_and_tampered_files() {
             .any(|e| e["event"] == "files" && e["message"].as_str().unwrap().contains("lds.yaml")),
         "the xds file is rewritten"
     );
-    assert_eq!(std::fs::read_to_string(&lds).unwrap(), good);
+    // Rewritten as rendered, under a new generation stamp (the first line) every replica
+    // confirmed.
+    let rewritten = std::fs::read_to_string(&lds).unwrap();
+    let body = |s: &str| s.split_once('\n').map(|(_, b)| b.to_string()).unwrap();
+    assert!(rewritten.starts_with("version_info: "), "{rewritten}");
+    assert_eq!(body(&rewritten), body(&good));
     assert_eq!(fleet.ids().await, renamed);
 
     // A tampered bootstrap is rewritten and every replica using it replaced.

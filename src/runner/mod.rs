@@ -119,10 +119,12 @@ impl Shared {
     /// the containers it creates (so serves with different `--container-label`s on one host,
     /// such as tests and benchmarks, never touch each other's containers).
     pub fn is_mine(&self, c: &crate::spec::ObservedContainer) -> bool {
-        self.opts
-            .extra_labels
-            .iter()
-            .all(|(k, v)| c.label(k) == Some(v.as_str()))
+        c.belongs_to(self.state.root())
+            && self
+                .opts
+                .extra_labels
+                .iter()
+                .all(|(k, v)| c.label(k) == Some(v.as_str()))
     }
 
     pub fn trigger(&self, t: Trigger) {
@@ -250,6 +252,8 @@ pub async fn run(opts: Options) -> Result<()> {
         .clone()
         .or(first.state_dir.clone())
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+    // Absolute: it is a bind-mount source and a container label.
+    let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
     let state = StateDir::open(&state_path)?;
     let engine = Engine::connect().await?;
     let (tx, rx) = mpsc::unbounded_channel();

@@ -27,6 +27,9 @@ pub const LABEL_SPEC_HASH: &str = "io.berth.spec-hash";
 pub const LABEL_IMAGE_ID: &str = "io.berth.image-id";
 /// The name berth gave the container; a different live name is drift.
 pub const LABEL_NAME: &str = "io.berth.name";
+/// The state directory of the berth that made the container: berths with different state
+/// directories on one host leave each other's containers alone.
+pub const LABEL_STATE_DIR: &str = "io.berth.state-dir";
 /// Set on everything the test suite creates, so it can clean up by label.
 pub const LABEL_TEST: &str = "io.berth.test";
 
@@ -144,6 +147,13 @@ impl ObservedContainer {
 
     pub fn slot(&self) -> Option<u32> {
         self.label(LABEL_SLOT).and_then(|s| s.parse().ok())
+    }
+
+    /// Whether the container belongs to the berth with this state directory (containers made
+    /// before the label existed count as everyone's).
+    pub fn belongs_to(&self, state_dir: &Path) -> bool {
+        self.label(LABEL_STATE_DIR)
+            .is_none_or(|d| Path::new(d) == state_dir)
     }
 
     pub fn spec_hash(&self) -> Option<&str> {
@@ -498,6 +508,7 @@ impl ReplicaContainer {
             (LABEL_SPEC_HASH, desired.hash.as_str()),
             (LABEL_IMAGE_ID, image_id),
             (LABEL_NAME, name),
+            (LABEL_STATE_DIR, &state_dir.display().to_string()),
         ] {
             labels.insert(k.to_string(), v.to_string());
         }

@@ -613,7 +613,8 @@ fn replica_container_adds_service_node_run_dir_and_berths_labels() {
     assert_eq!(r.labels[LABEL_SPEC_HASH], d.hash);
     assert_eq!(r.labels[LABEL_IMAGE_ID], "sha256:feed");
     assert_eq!(r.labels[LABEL_NAME], name);
-    assert_eq!(r.labels.len(), 7);
+    assert_eq!(r.labels[LABEL_STATE_DIR], "/var/lib/berth");
+    assert_eq!(r.labels.len(), 8);
 }
 
 #[test]
