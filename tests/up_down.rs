@@ -610,3 +610,25 @@ async fn removing_a_proxy_from_the_config_removes_only_it() {
         "the removed proxy's state survived"
     );
 }
+
+#[tokio::test]
+async fn a_route_change_is_live_and_confirmed_by_every_replica() {
+    let fleet = Fleet::new("live");
+    let (proxy, port) = (proxy_name("l"), free_port());
+    fleet.write(&proxy_toml(&proxy, port, 2, TEST_IMAGE));
+    fleet.ok(&["-q", "up"]);
+    let before = fleet.replicas(&proxy);
+    assert_eq!(get(port).await.unwrap().1, format!("hello {proxy}\n"));
+
+    fleet.write(&proxy_toml(&proxy, port, 2, TEST_IMAGE).replace("hello ", "changed "));
+    let out = fleet.ok(&["--output", "json", "up"]);
+    assert!(
+        out.lines()
+            .any(|l| l.contains(r#""event":"files""#) && l.contains("confirmed by 2 replica(s)")),
+        "the new files are confirmed by both replicas:\n{out}"
+    );
+    assert_eq!(fleet.replicas(&proxy), before, "no container was replaced");
+    for _ in 0..20 {
+        assert_eq!(get(port).await.unwrap().1, format!("changed {proxy}\n"));
+    }
+}
