@@ -190,3 +190,111 @@ pub fn read_ir_file(path: &std::path::Path) -> Result<String, String> {
     }
     std::fs::read_to_string(path).map_err(|e| e.to_string())
 }
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::source::file::{parse, ConfigError};
+
+    fn section(extra: &str) -> String {
+        let certs = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/certs");
+        format!(
+            "[envoy_gateway]\nxds_address = \"127.0.0.1\"\nca_file = \"{c}/cert.pem\"\ncert_file = \"{c}/cert.pem\"\nkey_file = \"{c}/key.pem\"\n{extra}",
+            c = certs.display()
+        )
+    }
+
+    const IR: &str = "proxy:\n  name: default/eg\n  listeners:\n  - name: http\n    ports:\n    - {name: http-8080, protocol: HTTP, servicePort: 8080, containerPort: 8080}\n";
+    const EMPTY_IR: &str = "proxy:\n  name: default/idle\n";
+    const PROXY: &str = "[[proxy]]\nname = \"default-eg\"\n[[proxy.listener]]\nname = \"web\"\nport = 9090\nprotocol = \"http\"\n[[proxy.listener.route]]\npath_prefix = \"/\"\ndirect_response = { status = 200 }\n";
+
+    fn errors(dir: &Path, text: &str) -> Vec<ConfigError> {
+        parse(&dir.join("berth.toml"), text).unwrap_err().0
+    }
+
+    #[test]
+    fn ir_files_add_proxies_and_make_proxy_tables_optional() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("gw.yaml"), IR).unwrap();
+        std::fs::write(dir.path().join("idle.yaml"), EMPTY_IR).unwrap();
+        let text = section("ir_files = [\"gw.yaml\", \"idle.yaml\"]\nremote = \"unix://r.sock\"\n");
+        let c = parse(&dir.path().join("berth.toml"), &text).unwrap();
+        assert_eq!(c.infra.proxies.len(), 1);
+        let p = &c.infra.proxies[0];
+        assert_eq!(
+            (p.name.as_str(), p.service_cluster()),
+            ("default-eg", "default/eg")
+        );
+        assert!(matches!(&p.routing, crate::ir::Routing::Xds(x) if x.port == 18000));
+        assert_eq!(c.notes.len(), 1, "{:?}", c.notes);
+        assert!(c.notes[0].contains("default/idle"), "{:?}", c.notes);
+        let gw = c.envoy_gateway.unwrap();
+        assert_eq!(
+            gw.remote,
+            Some(crate::remote::Listen::Unix(
+                std::path::absolute(dir.path()).unwrap().join("r.sock")
+            ))
+        );
+    }
+
+    #[test]
+    fn proxies_are_still_required_without_ir_files_or_remote() {
+        let dir = tempfile::tempdir().unwrap();
+        let errs = errors(dir.path(), &section(""));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "proxy");
+    }
+
+    #[test]
+    fn errors_name_the_field_the_ir_file_and_eg_s_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(
+            dir.path().join("bad.yaml"),
+            IR.replace("protocol: HTTP", "protocol: SCTP"),
+        )
+        .unwrap();
+        std::fs::write(dir.path().join("gw.yaml"), IR).unwrap();
+        let text = section(
+            "xds_prot = 1\nremote = \"http://x\"\nir_files = [\"bad.yaml\", \"missing.yaml\"]\n",
+        );
+        let errs = errors(dir.path(), &text);
+        let find = |field: &str| {
+            errs.iter()
+                .find(|e| e.field == field)
+                .unwrap_or_else(|| panic!("no error for {field}: {errs:?}"))
+        };
+        let typo = find("envoy_gateway.xds_prot");
+        assert_eq!((typo.line, typo.column), (6, 1));
+        assert!(typo.message.contains("did you mean `xds_port`"), "{typo}");
+        assert!(find("envoy_gateway.remote").message.contains("unix://"));
+        let bad = find("envoy_gateway.ir_files[0]");
+        assert_eq!(bad.line, 8);
+        assert!(bad.message.contains("bad.yaml"), "{bad}");
+        assert!(
+            bad.message.contains("proxy.listeners[0].ports[0].protocol"),
+            "{bad}"
+        );
+        assert!(find("envoy_gateway.ir_files[1]")
+            .message
+            .contains("cannot read the IR file"));
+
+        // A berth name or a port a [[proxy]] already has.
+        let text = format!("{}{PROXY}", section("ir_files = [\"gw.yaml\"]\n"));
+        let errs = errors(dir.path(), &text);
+        assert!(
+            errs.iter().any(|e| e.message.contains("already used")),
+            "{errs:?}"
+        );
+        let other_port = PROXY.replace("default-eg", "other").replace("9090", "8080");
+        let errs = errors(
+            dir.path(),
+            &format!("{}{other_port}", section("ir_files = [\"gw.yaml\"]\n")),
+        );
+        assert!(
+            errs.iter()
+                .any(|e| e.message.contains("port 8080 is already used")),
+            "{errs:?}"
+        );
+    }
+}
