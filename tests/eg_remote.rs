@@ -503,3 +503,81 @@ fn up_ir_brings_a_proxy_up_and_down_removes_it() {
     assert!(containers(&cleanup).is_empty());
     assert!(!state.join("proxies/merged-eg").exists());
 }
+
+/// `berth validate` runs `envoy --mode validate` on xDS-mode bootstraps: examples/xds.toml and
+/// the golden IR files that name an image (made local).
+#[test]
+fn envoy_accepts_xds_mode_bootstraps() {
+    let image = ensure_test_image();
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = short_tempdir();
+    let c = certs();
+    let validate = |args: &[&std::ffi::OsStr]| {
+        let out = berth()
+            .current_dir(dir.path())
+            .args(["--container-label", "io.berth.test=1", "-q"])
+            .args(args)
+            .arg("validate")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    let example = std::fs::read_to_string(root.join("examples/xds.toml"))
+        .unwrap()
+        .replace("berth/envoy:1.40.0", image)
+        .replace("certs/", &format!("{}/", c.display()));
+    let toml = dir.path().join("xds.toml");
+    std::fs::write(&toml, example).unwrap();
+    validate(&["-f".as_ref(), toml.as_os_str()]);
+
+    let mut checked = 0;
+    for case in ["full-envoyproxy", "egctl-envoyproxy-valid", "json-infra"] {
+        let case_dir = root.join("tests/golden_eg").join(case);
+        let (name, text) = ["ir.yaml", "ir.json"]
+            .iter()
+            .find_map(|n| {
+                std::fs::read_to_string(case_dir.join(n))
+                    .ok()
+                    .map(|t| (*n, t))
+            })
+            .unwrap();
+        let local: String = text
+            .lines()
+            .map(|l| {
+                let t = l.trim_start();
+                let indent = &l[..l.len() - t.len()];
+                if t.starts_with("image: ") {
+                    format!("{indent}image: {image}")
+                } else if t.starts_with("\"image\": ") {
+                    let comma = if t.ends_with(',') { "," } else { "" };
+                    format!("{indent}\"image\": \"{image}\"{comma}")
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let ir = dir.path().join(format!("{case}-{name}"));
+        std::fs::write(&ir, local).unwrap();
+        let (ca, key) = (c.join("cert.pem"), c.join("key.pem"));
+        validate(&[
+            "--ir".as_ref(),
+            ir.as_os_str(),
+            "--xds-address".as_ref(),
+            "127.0.0.1".as_ref(),
+            "--xds-ca".as_ref(),
+            ca.as_os_str(),
+            "--xds-cert".as_ref(),
+            ca.as_os_str(),
+            "--xds-key".as_ref(),
+            key.as_os_str(),
+        ]);
+        checked += 1;
+    }
+    assert_eq!(checked, 3);
+}
