@@ -755,6 +755,12 @@ async fn serve(cli: &Cli) -> Result<()> {
     else {
         unreachable!("serve is only called for the serve command")
     };
+    if !cli.ir.is_empty() {
+        return Err(BadInput(
+            "serve does not take --ir: list IR files in [envoy_gateway] ir_files of the config (re-read with it), or enable [envoy_gateway] remote".into(),
+        )
+        .into());
+    }
     let listen = match listen.as_str() {
         "off" | "none" | "" => None,
         addr => Some(
