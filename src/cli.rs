@@ -56,6 +56,32 @@ pub struct Cli {
     #[arg(short = 'q', long, global = true)]
     pub quiet: bool,
 
+    /// An Envoy Gateway infra IR file (JSON or YAML; `egctl x translate --to ir` output, an
+    /// `ir.Infra` or a bare ProxyInfra) whose proxies join the config's (repeatable). The config
+    /// file is then optional.
+    #[arg(long = "ir", global = true, value_name = "FILE")]
+    pub ir: Vec<PathBuf>,
+
+    /// Envoy Gateway's xDS server address for IR proxies [default: [envoy_gateway] xds_address].
+    #[arg(long, global = true, value_name = "HOST")]
+    pub xds_address: Option<String>,
+
+    /// Envoy Gateway's xDS server port [default: [envoy_gateway] xds_port, else 18000].
+    #[arg(long, global = true, value_name = "PORT")]
+    pub xds_port: Option<u16>,
+
+    /// CA certificate (PEM) the replicas verify the xDS server with [default: [envoy_gateway] ca_file].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub xds_ca: Option<PathBuf>,
+
+    /// Client certificate (PEM) the replicas present to the xDS server [default: [envoy_gateway] cert_file].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub xds_cert: Option<PathBuf>,
+
+    /// Client key (PEM) [default: [envoy_gateway] key_file].
+    #[arg(long, global = true, value_name = "FILE")]
+    pub xds_key: Option<PathBuf>,
+
     /// Extra label KEY=VALUE put on every container berth creates (the test suite uses it).
     #[arg(long = "container-label", global = true, hide = true, value_parser = parse_label)]
     pub container_labels: Vec<(String, String)>,
@@ -128,6 +154,10 @@ pub enum Command {
         /// Do not watch Docker's container events (rely on the resync).
         #[arg(long)]
         no_docker_events: bool,
+        /// Serve Envoy Gateway's remote infrastructure provider on this address
+        /// ("unix:///path" or "tcp://IP:PORT") [default: [envoy_gateway] remote; "off" disables].
+        #[arg(long, value_name = "ADDR")]
+        remote: Option<String>,
     },
 }
 
@@ -152,7 +182,10 @@ pub fn main() -> i32 {
     match runtime.block_on(run(cli)) {
         Ok(()) => 0,
         Err(e) => {
-            if let Some(errors) = e.downcast_ref::<ConfigErrors>() {
+            if let Some(bad) = e.downcast_ref::<BadInput>() {
+                eprintln!("error: {bad}; nothing was changed");
+                2
+            } else if let Some(errors) = e.downcast_ref::<ConfigErrors>() {
                 eprintln!("{errors}");
                 eprintln!(
                     "error: {} problem(s) in the config; nothing was changed",
@@ -200,22 +233,170 @@ impl Cli {
             .clone()
             .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
     }
+
+    /// What the proxies come from, for messages: the config file and the `--ir` files.
+    fn sources(&self) -> String {
+        let path = self.config_path();
+        let mut parts = Vec::new();
+        if self.ir.is_empty() || self.file.is_some() || path.exists() {
+            parts.push(path.display().to_string());
+        }
+        parts.extend(self.ir.iter().map(|p| format!("--ir {}", p.display())));
+        parts.join(" + ")
+    }
 }
 
+/// Bad input that is not in the config file (an `--ir` file, an `--xds-*` flag): exit 2.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct BadInput(pub String);
+
+/// The config and the proxies of `--ir` files. With `--ir`, the config file is optional (none
+/// named and `berth.toml` absent: an empty config).
 fn load(cli: &Cli) -> Result<Config> {
-    Ok(file::load(&cli.config_path())?)
+    let path = cli.config_path();
+    let config = if !cli.ir.is_empty() && cli.file.is_none() && !path.exists() {
+        Config::empty(&path)
+    } else {
+        file::load(&path)?
+    };
+    let config = with_ir(cli, config)?;
+    for note in &config.notes {
+        if !cli.quiet {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(config)
 }
 
 /// The config for commands that also work from the state directory alone (`status`, `down`):
-/// none when no file was named and `berth.toml` is absent; a named file must exist, and a
-/// config with errors is refused (exit 2) rather than ignored.
+/// none when no file was named, `berth.toml` is absent and no `--ir` is given; a named file
+/// must exist, and a config with errors is refused (exit 2) rather than ignored.
 fn load_optional(cli: &Cli) -> Result<Option<Config>> {
     let path = cli.config_path();
-    if cli.file.is_none() && !path.exists() {
+    if cli.file.is_none() && !path.exists() && cli.ir.is_empty() {
         tracing::debug!("no config at {}", path.display());
         return Ok(None);
     }
-    Ok(Some(file::load(&path)?))
+    load(cli).map(Some)
+}
+
+/// The xDS defaults for IR proxies: `[envoy_gateway]` overridden by the `--xds-*` flags.
+fn xds_defaults(cli: &Cli, config: &Config) -> Result<crate::source::eg::XdsDefaults> {
+    let from_config = config.envoy_gateway.as_ref().map(|g| g.xds.clone());
+    let missing = |flag: &str, key: &str| {
+        BadInput(format!(
+            "--ir needs Envoy Gateway's xDS settings: give {flag} or set {key} in [envoy_gateway] of the config"
+        ))
+    };
+    let address = match (&cli.xds_address, &from_config) {
+        (Some(a), _) => {
+            file::check_host(a).map_err(|m| BadInput(format!("--xds-address: {m}")))?;
+            a.clone()
+        }
+        (None, Some(x)) => x.address.clone(),
+        (None, None) => return Err(missing("--xds-address", "xds_address").into()),
+    };
+    let port = match (cli.xds_port, &from_config) {
+        (Some(0), _) => return Err(BadInput("--xds-port: must be 1–65535".into()).into()),
+        (Some(p), _) => p,
+        (None, Some(x)) => x.port,
+        (None, None) => crate::source::eg::DEFAULT_XDS_PORT,
+    };
+    let pem = |flag: &str,
+               key: &str,
+               given: &Option<PathBuf>,
+               configured: Option<PathBuf>,
+               kind: &str| {
+        let path = match (given, configured) {
+            (Some(p), _) => std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+            (None, Some(p)) => return Ok(p),
+            (None, None) => return Err(missing(flag, key)),
+        };
+        file::check_pem(&path, kind).map_err(|m| BadInput(format!("{flag}: {m}")))?;
+        Ok(path)
+    };
+    let configured = |f: fn(&crate::source::eg::XdsDefaults) -> &PathBuf| {
+        from_config.as_ref().map(|x| f(x).clone())
+    };
+    Ok(crate::source::eg::XdsDefaults {
+        address,
+        port,
+        ca_file: pem(
+            "--xds-ca",
+            "ca_file",
+            &cli.xds_ca,
+            configured(|x| &x.ca_file),
+            "CERTIFICATE",
+        )?,
+        cert_file: pem(
+            "--xds-cert",
+            "cert_file",
+            &cli.xds_cert,
+            configured(|x| &x.cert_file),
+            "CERTIFICATE",
+        )?,
+        key_file: pem(
+            "--xds-key",
+            "key_file",
+            &cli.xds_key,
+            configured(|x| &x.key_file),
+            "PRIVATE KEY",
+        )?,
+    })
+}
+
+/// Adds the proxies of the `--ir` files to the config's: names and host ports must not clash.
+fn with_ir(cli: &Cli, mut config: Config) -> Result<Config> {
+    if cli.ir.is_empty() {
+        return Ok(config);
+    }
+    let xds = xds_defaults(cli, &config)?;
+    let mut ports: BTreeMap<u16, String> = BTreeMap::new();
+    for p in &config.infra.proxies {
+        for port in p.host_ports() {
+            ports.insert(port, format!("proxy {}", p.name));
+        }
+    }
+    for path in &cli.ir {
+        let shown = path.display();
+        let text = file::read_ir_file(path)
+            .map_err(|m| BadInput(format!("--ir {shown}: cannot read: {m}")))?;
+        let proxies = crate::source::eg::parse_ir(&text, &xds)
+            .map_err(|e| BadInput(format!("--ir {shown}: {e}")))?;
+        for p in proxies {
+            if p.is_empty() {
+                config.notes.push(format!(
+                    "{shown}: Envoy Gateway proxy {:?} has no listeners; skipped (as Envoy Gateway does)",
+                    p.eg_name
+                ));
+                continue;
+            }
+            let name = &p.proxy.name;
+            if config.infra.proxy(name).is_some() {
+                return Err(BadInput(format!(
+                    "--ir {shown}: Envoy Gateway proxy {:?} becomes berth proxy {name:?}, which the config (or an earlier --ir) already has; proxy names must be unique",
+                    p.eg_name
+                ))
+                .into());
+            }
+            let mut own = p.proxy.host_ports();
+            own.sort_unstable();
+            own.dedup();
+            for port in own {
+                if let Some(by) = ports.get(&port) {
+                    return Err(BadInput(format!(
+                        "--ir {shown}: Envoy Gateway proxy {:?} listens on port {port}, already used by {by}; each listener on the host needs its own port",
+                        p.eg_name
+                    ))
+                    .into());
+                }
+                ports.insert(port, format!("proxy {name}"));
+            }
+            config.infra.proxies.push(p.proxy);
+        }
+    }
+    Ok(config)
 }
 
 fn renderer(cli: &Cli) -> Result<Renderer> {
@@ -312,10 +493,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     )?;
     let proxies = targets.len();
     if no_envoy {
-        println!(
-            "{}: config is valid ({proxies} proxies)",
-            cli.config_path().display()
-        );
+        println!("{}: config is valid ({proxies} proxies)", cli.sources());
         return Ok(());
     }
     let engine = match Engine::connect().await {
@@ -323,7 +501,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         Err(e) => {
             println!(
                 "{}: config is valid ({proxies} proxies); Envoy check skipped: {e:#}",
-                cli.config_path().display()
+                cli.sources()
             );
             return Ok(());
         }
@@ -346,7 +524,7 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     drop(reporter);
     println!(
         "{}: config is valid and Envoy accepts it ({proxies} proxies)",
-        cli.config_path().display()
+        cli.sources()
     );
     Ok(())
 }
@@ -589,10 +767,17 @@ async fn serve(cli: &Cli) -> Result<()> {
         confirm_timeout,
         no_watch,
         no_docker_events,
+        remote,
     } = &cli.command
     else {
         unreachable!("serve is only called for the serve command")
     };
+    if !cli.ir.is_empty() {
+        return Err(BadInput(
+            "serve does not take --ir: list IR files in [envoy_gateway] ir_files of the config (re-read with it), or enable [envoy_gateway] remote".into(),
+        )
+        .into());
+    }
     let listen = match listen.as_str() {
         "off" | "none" | "" => None,
         addr => Some(
@@ -615,6 +800,14 @@ async fn serve(cli: &Cli) -> Result<()> {
         watch: !no_watch,
         docker_events: !no_docker_events,
         confirm_timeout: *confirm_timeout,
+        remote: match remote.as_deref() {
+            None => crate::runner::RemoteFlag::FromConfig,
+            Some("off") => crate::runner::RemoteFlag::Off,
+            Some(addr) => crate::runner::RemoteFlag::At(
+                crate::remote::Listen::parse(addr, &std::env::current_dir()?)
+                    .map_err(|m| BadInput(format!("--remote: {m}")))?,
+            ),
+        },
     })
     .await
 }

@@ -56,6 +56,12 @@ pub trait Infrastructure: Send + Sync + 'static {
 #[error("{0:#}")]
 pub struct Transient(pub anyhow::Error);
 
+/// Wrap an [`Infrastructure`] error in this to answer `InvalidArgument`: the request cannot be
+/// applied as it is (e.g. its proxy name or a port is taken on this host). Nothing changed.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct Invalid(pub anyhow::Error);
+
 /// The tonic service implementation. Build one with [`RemoteInfraService::new`] and serve it
 /// with [`RemoteInfraService::into_server`], or use [`serve`].
 pub struct RemoteInfraService<I: Infrastructure> {
@@ -104,7 +110,9 @@ impl<I: Infrastructure> RemoteInfraService<I> {
 
 fn seam_status(err: &anyhow::Error) -> Status {
     let msg = format!("{err:#}");
-    if err.chain().any(|e| e.is::<Transient>()) {
+    if err.chain().any(|e| e.is::<Invalid>()) {
+        Status::invalid_argument(msg)
+    } else if err.chain().any(|e| e.is::<Transient>()) {
         Status::unavailable(msg)
     } else {
         Status::internal(msg)
@@ -240,6 +248,41 @@ pub enum Listen {
     /// A TCP address (EG's `remote.service.ip`/`fqdn`). Plain-text gRPC: keep it on loopback or
     /// a trusted network.
     Tcp(SocketAddr),
+}
+
+impl Listen {
+    /// Parses `unix:///abs/path`, `unix://rel/path` (relative to `base`) or `tcp://IP:PORT`.
+    pub fn parse(s: &str, base: &Path) -> Result<Listen, String> {
+        let allowed = "must be \"unix:///path/to/socket\" or \"tcp://IP:PORT\" (e.g. \"tcp://127.0.0.1:9478\")";
+        if let Some(path) = s.strip_prefix("unix://") {
+            if path.is_empty() || path.contains('\0') || path.len() > 107 {
+                return Err(format!(
+                    "{allowed}; a Unix socket path is 1–107 bytes, got {s:?}"
+                ));
+            }
+            let path = Path::new(path);
+            return Ok(Listen::Unix(if path.is_absolute() {
+                path.to_path_buf()
+            } else {
+                base.join(path)
+            }));
+        }
+        if let Some(addr) = s.strip_prefix("tcp://") {
+            return addr.parse().map(Listen::Tcp).map_err(|_| {
+                format!("{allowed}; the TCP address must be an IP literal with a port, got {s:?}")
+            });
+        }
+        Err(format!("{allowed}; got {s:?}"))
+    }
+}
+
+impl std::fmt::Display for Listen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Listen::Unix(p) => write!(f, "unix://{}", p.display()),
+            Listen::Tcp(a) => write!(f, "tcp://{a}"),
+        }
+    }
 }
 
 /// A bound listener, not yet serving. Binding first lets a caller learn the port of

@@ -123,6 +123,52 @@ impl fmt::Display for Cancelled {
 
 impl std::error::Error for Cancelled {}
 
+/// What the readiness gate asks of a new replica.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Want {
+    /// Standalone mode: `/ready` LIVE and `listeners` listeners active. berth wrote every
+    /// listener itself, so LIVE is reachable and means "serving".
+    Live { listeners: u32 },
+    /// xds mode: the container runs and its admin answers `/ready` with PRE_INITIALIZING,
+    /// INITIALIZING or LIVE (not DRAINING). A replica only becomes LIVE once Envoy Gateway's
+    /// xDS server has sent its clusters and listeners (EG's own Kubernetes readiness probe is
+    /// served by an xDS-pushed listener), which berth neither controls nor can wait for: EG
+    /// may be down, or may only push once the proxy it asked for exists. What berth can prove
+    /// is that the new Envoy started with its bootstrap (it passed `envoy --mode validate`
+    /// before) and stays up for the minimum ready time. `berth status` and serve's `/status`
+    /// show the real `/ready` state of each replica.
+    AdminAnswers,
+}
+
+impl Want {
+    fn of(desired: &DesiredProxy) -> Want {
+        if desired.xds {
+            Want::AdminAnswers
+        } else {
+            Want::Live {
+                listeners: desired.listeners,
+            }
+        }
+    }
+
+    fn accepts(self, state: &ReadyState) -> bool {
+        match self {
+            Want::Live { .. } => *state == ReadyState::Live,
+            Want::AdminAnswers => matches!(
+                state,
+                ReadyState::Live | ReadyState::PreInitializing | ReadyState::Initializing
+            ),
+        }
+    }
+
+    fn describe(self) -> &'static str {
+        match self {
+            Want::Live { .. } => "LIVE",
+            Want::AdminAnswers => "answering on its admin socket (xds mode)",
+        }
+    }
+}
+
 impl Rollout<'_> {
     /// Brings every target to its desired state and removes berth containers of proxies not
     /// among them. Proxies are converged one after the other; the first failure stops.
@@ -248,7 +294,7 @@ impl Rollout<'_> {
                         &container.id,
                         &run_name,
                         policy,
-                        desired.listeners,
+                        Want::of(desired),
                     )
                     .await
                     .map_err(anyhow::Error::new)?;
@@ -564,7 +610,7 @@ impl Rollout<'_> {
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self
-            .gate(proxy, slot, &id, name, policy, desired.listeners)
+            .gate(proxy, slot, &id, name, policy, Want::of(desired))
             .await
         {
             // A replica that failed during the minimum ready time may already be serving:
@@ -600,8 +646,9 @@ impl Rollout<'_> {
         Ok(())
     }
 
-    /// Waits until the replica reports LIVE within the startup deadline, then requires it to
-    /// stay LIVE and running for the minimum ready time.
+    /// Waits until the replica reaches `want` within the startup deadline (LIVE, or in xds
+    /// mode an answering admin), then requires it to stay so, and running, for the minimum
+    /// ready time.
     async fn gate(
         &self,
         proxy: &str,
@@ -609,7 +656,7 @@ impl Rollout<'_> {
         id: &str,
         run_name: &str,
         policy: &RolloutPolicy,
-        listeners: u32,
+        want: Want,
     ) -> Result<(), GateFailure> {
         let admin = Admin::new(self.state.proxy(proxy).admin_socket(run_name));
         let failure = |gate: Gate, reason: String| GateFailure {
@@ -628,7 +675,7 @@ impl Rollout<'_> {
                 return Err(failure(Gate::Exited, reason));
             }
             match admin.ready().await {
-                Ok(ReadyState::Live) => break,
+                Ok(state) if want.accepts(&state) => break,
                 Ok(other) => last = format!("/ready says {other:?}"),
                 Err(e) => last = format!("{e:#}"),
             }
@@ -636,7 +683,8 @@ impl Rollout<'_> {
                 return Err(failure(
                     Gate::Ready,
                     format!(
-                        "not LIVE after {} ({last})",
+                        "not {} after {} ({last})",
+                        want.describe(),
                         humantime::format_duration(policy.startup_deadline)
                     ),
                 ));
@@ -645,9 +693,11 @@ impl Rollout<'_> {
         }
         // LIVE means initialised, not serving: a listener Envoy could not bind is only a
         // rejected LDS update in its log.
-        if listeners > 0 {
-            if let Err(reason) = listeners_active(&admin, listeners).await {
-                return Err(failure(Gate::Listeners, reason));
+        if let Want::Live { listeners } = want {
+            if listeners > 0 {
+                if let Err(reason) = listeners_active(&admin, listeners).await {
+                    return Err(failure(Gate::Listeners, reason));
+                }
             }
         }
         let ready_until = Instant::now() + policy.min_ready;
@@ -658,7 +708,7 @@ impl Rollout<'_> {
                 return Err(failure(Gate::Exited, reason));
             }
             match admin.ready().await {
-                Ok(ReadyState::Live) => {}
+                Ok(state) if want.accepts(&state) => {}
                 Ok(other) => {
                     return Err(failure(Gate::MinReady, format!("/ready says {other:?}")));
                 }

@@ -20,6 +20,7 @@
 mod config;
 mod events;
 mod reconciler;
+pub mod remote;
 mod resync;
 mod server;
 mod signals;
@@ -74,6 +75,18 @@ pub struct Options {
     pub docker_events: bool,
     /// How long replicas get to confirm a live route update.
     pub confirm_timeout: Duration,
+    /// Envoy Gateway's remote infrastructure provider service.
+    pub remote: RemoteFlag,
+}
+
+/// Where serve offers Envoy Gateway's remote infrastructure provider service.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum RemoteFlag {
+    /// `[envoy_gateway] remote` of the config, if any.
+    #[default]
+    FromConfig,
+    Off,
+    At(crate::remote::Listen),
 }
 
 /// Why a reconcile was asked for.
@@ -85,11 +98,23 @@ pub enum Trigger {
     Proxy(String, &'static str),
 }
 
-/// The last good config, rendered.
+/// What should run: the last good config and the proxies Envoy Gateway asked for, rendered.
 #[derive(Debug, Clone, Default)]
 pub struct Desired {
     pub targets: BTreeMap<String, Target>,
     pub generations: BTreeMap<String, u64>,
+    /// Per proxy, a counter bumped by every remote request: a reconcile pass that read epoch
+    /// `e` with the targets answers every request up to `e` ([`Shared::wait_pass`]).
+    pub epochs: BTreeMap<String, u64>,
+}
+
+/// How the last reconcile pass of a proxy ended, for remote requests waiting on it.
+#[derive(Debug, Clone)]
+pub struct PassOutcome {
+    /// The epoch the pass read with its target.
+    pub epoch: u64,
+    /// None: success; else the error and whether it is worth retrying.
+    pub error: Option<(String, bool)>,
 }
 
 /// A live update that failed, and when it may be tried again (None: after the next edit).
@@ -106,6 +131,13 @@ pub struct Shared {
     pub state: StateDir,
     pub metrics: Metrics,
     pub desired: Mutex<Desired>,
+    /// The last good config's targets (`desired` merges them with `remote`).
+    pub config_targets: Mutex<BTreeMap<String, Target>>,
+    /// Proxies Envoy Gateway asked for over the remote infrastructure service.
+    pub remote: Mutex<BTreeMap<String, remote::Managed>>,
+    /// The last reconcile pass of each proxy, and a wake-up when one ends.
+    pub passes: Mutex<BTreeMap<String, PassOutcome>>,
+    pub pass_done: tokio::sync::Notify,
     pub record: Mutex<Record>,
     /// Proxies with a reconcile running now, and what it is doing.
     pub busy: Mutex<BTreeMap<String, String>>,
@@ -139,6 +171,81 @@ impl Shared {
         let _ = self.triggers.send(t);
     }
 
+    /// Merges the config's and Envoy Gateway's targets into the desired set, giving changed
+    /// proxies a new generation. `bump` names a proxy a remote request changed: its epoch is
+    /// bumped under the same lock. Returns whether any generation changed, and `bump`'s epoch.
+    pub fn publish(&self, bump: Option<&str>) -> (bool, u64) {
+        let mut targets = self
+            .config_targets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        for (name, m) in self.remote.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+            targets.insert(name.clone(), m.target.clone());
+        }
+        let list: Vec<Target> = targets.values().cloned().collect();
+        let generations = self.update_record(|rec| rec.accept(&list));
+        for (name, g) in &generations {
+            self.metrics.set(
+                "berth_proxy_generation",
+                "The generation of each proxy's desired state.",
+                &[("proxy", name)],
+                *g as f64,
+            );
+        }
+        let mut d = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+        let changed = d.generations != generations;
+        d.targets = targets;
+        d.generations = generations;
+        let epoch = match bump {
+            Some(name) => {
+                let e = d.epochs.entry(name.to_string()).or_default();
+                *e += 1;
+                *e
+            }
+            None => 0,
+        };
+        (changed, epoch)
+    }
+
+    /// Records how a reconcile pass of `name` ended and wakes the requests waiting on it.
+    pub fn pass_ended(&self, name: &str, outcome: PassOutcome) {
+        self.passes
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.to_string(), outcome);
+        self.pass_done.notify_waiters();
+    }
+
+    /// Waits until a reconcile pass of `name` that read epoch `epoch` or later has ended.
+    pub async fn wait_pass(
+        &self,
+        name: &str,
+        epoch: u64,
+        cancel: &CancellationToken,
+    ) -> Option<(String, bool)> {
+        loop {
+            let notified = self.pass_done.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(o) = self
+                .passes
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get(name)
+                .filter(|o| o.epoch >= epoch)
+            {
+                return o.error.clone();
+            }
+            tokio::select! {
+                _ = notified => {}
+                _ = cancel.cancelled() => {
+                    return Some(("berth serve is shutting down; the next serve completes the change".into(), true));
+                }
+            }
+        }
+    }
+
     /// Changes the persisted record and writes it.
     pub fn update_record<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
         let mut rec = self.record.lock().unwrap_or_else(|e| e.into_inner());
@@ -153,34 +260,36 @@ impl Shared {
     /// and changed proxies get a new generation; on failure the last good config stays and the
     /// errors are recorded (Accepted=False, InvalidParameters).
     pub fn reload(&self) -> Result<bool> {
-        match load(&self.opts, &self.state) {
-            Ok((_, targets)) => {
-                let generations = self.update_record(|rec| {
+        let loaded = load(&self.opts, &self.state).and_then(|(config, targets)| {
+            let remote = self.remote.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(t) = targets.iter().find(|t| remote.contains_key(t.name())) {
+                anyhow::bail!(
+                    "{}: proxy {:?} is managed by Envoy Gateway (remote infrastructure, {}); rename the proxy in the config or delete the Gateway",
+                    config.path.display(),
+                    t.name(),
+                    remote::persisted_path(&self.state, t.name()).display()
+                );
+            }
+            Ok(targets)
+        });
+        match loaded {
+            Ok(targets) => {
+                self.update_record(|rec| {
                     rec.config = status::ConfigRecord {
                         file: self.opts.config.clone(),
                         accepted: true,
                         errors: Vec::new(),
                         loaded_at: status::now(),
                     };
-                    rec.accept(&targets)
                 });
-                let mut d = self.desired.lock().unwrap_or_else(|e| e.into_inner());
-                let changed = d.generations != generations;
-                for (name, g) in &generations {
-                    self.metrics.set(
-                        "berth_proxy_generation",
-                        "The generation of each proxy's desired state.",
-                        &[("proxy", name)],
-                        *g as f64,
-                    );
-                }
-                *d = Desired {
-                    targets: targets
-                        .into_iter()
-                        .map(|t| (t.name().to_string(), t))
-                        .collect(),
-                    generations,
-                };
+                *self
+                    .config_targets
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()) = targets
+                    .into_iter()
+                    .map(|t| (t.name().to_string(), t))
+                    .collect();
+                let changed = self.publish(None).0;
                 self.metrics.inc(
                     "berth_config_loads_total",
                     "Config file loads, by result.",
@@ -222,14 +331,26 @@ pub(crate) fn create_proxy_dir(state: &StateDir, name: &str) -> Result<()> {
         .with_context(|| format!("cannot create {}", dir.display()))
 }
 
+/// The renderer serve uses (built-in templates, or the overrides directory).
+fn renderer(opts: &Options) -> Result<Renderer> {
+    match &opts.templates {
+        Some(dir) => Renderer::with_overrides(dir),
+        None => Ok(Renderer::builtin()),
+    }
+}
+
 /// Loads and renders the config against the state directory.
 fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
     let config = file::load(&opts.config)?;
-    let renderer = match &opts.templates {
-        Some(dir) => Renderer::with_overrides(dir)?,
-        None => Renderer::builtin(),
-    };
-    let targets = desired::targets(&config.infra, &renderer, state.root(), desired::host_cpus())?;
+    for note in &config.notes {
+        log(opts.mode, &format!("note: {note}"));
+    }
+    let targets = desired::targets(
+        &config.infra,
+        &renderer(opts)?,
+        state.root(),
+        desired::host_cpus(),
+    )?;
     Ok((config, targets))
 }
 
@@ -264,11 +385,36 @@ pub async fn run(opts: Options) -> Result<()> {
         state,
         metrics: Metrics::new(),
         desired: Mutex::new(Desired::default()),
+        config_targets: Mutex::new(BTreeMap::new()),
+        remote: Mutex::new(BTreeMap::new()),
+        passes: Mutex::new(BTreeMap::new()),
+        pass_done: tokio::sync::Notify::new(),
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),
         triggers: tx,
     });
+    // Proxies Envoy Gateway asked an earlier serve for are desired before the first reconcile
+    // (else they would look like leftovers and be removed).
+    let xds = first.envoy_gateway.as_ref().map(|g| g.xds.clone());
+    remote::restore(&shared, xds.as_ref())?;
     shared.reload()?;
+    let remote_listen = match &opts.remote {
+        RemoteFlag::Off => None,
+        RemoteFlag::At(l) => Some(l.clone()),
+        RemoteFlag::FromConfig => first.envoy_gateway.as_ref().and_then(|g| g.remote.clone()),
+    };
+    let remote_bound = match &remote_listen {
+        None => None,
+        Some(listen) => {
+            let Some(xds) = xds.clone() else {
+                anyhow::bail!(
+                    "the remote infrastructure service ({listen}) needs Envoy Gateway's xDS settings: add [envoy_gateway] with xds_address, ca_file, cert_file and key_file to {}",
+                    opts.config.display()
+                );
+            };
+            Some((crate::remote::bind(listen).await?, xds, listen.clone()))
+        }
+    };
     // Every proxy's state directory exists before its first reconcile.
     let names: Vec<String> = shared
         .desired
@@ -332,6 +478,22 @@ pub async fn run(opts: Options) -> Result<()> {
         components.push((
             "status server",
             Box::pin(server::run(shared.clone(), listener, cancel.clone())),
+        ));
+    }
+    if let Some((bound, xds, listen)) = remote_bound {
+        log(
+            opts.mode,
+            &format!("Envoy Gateway remote infrastructure on {listen}"),
+        );
+        let provider = Arc::new(remote::Provider::new(shared.clone(), cancel.clone()));
+        let stop = cancel.clone();
+        components.push((
+            "remote infrastructure",
+            Box::pin(async move {
+                bound
+                    .serve(provider, xds, async move { stop.cancelled().await })
+                    .await
+            }),
         ));
     }
     log(

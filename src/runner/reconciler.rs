@@ -70,14 +70,22 @@ pub async fn run(
             let cancel = cancel.clone();
             tasks.spawn(async move {
                 let pass = std::panic::AssertUnwindSafe(reconcile(&shared, &name, &cancel));
-                if pass.catch_unwind().await.is_err() {
-                    log(shared.opts.mode, &format!("{name}: reconcile panicked"));
-                }
+                let outcome = match pass.catch_unwind().await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        log(shared.opts.mode, &format!("{name}: reconcile panicked"));
+                        super::PassOutcome {
+                            epoch: u64::MAX,
+                            error: Some(("berth's reconcile of this proxy panicked".into(), true)),
+                        }
+                    }
+                };
                 shared
                     .busy
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&name);
+                shared.pass_ended(&name, outcome);
                 name
             });
         }
@@ -122,15 +130,17 @@ fn set_busy(shared: &Shared, name: &str, what: &str) {
 }
 
 /// One pass over one proxy.
-async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) {
+async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) -> super::PassOutcome {
     let started = Instant::now();
     set_busy(shared, name, "observing");
-    let wanted = {
+    let (wanted, epoch) = {
         let d = shared.desired.lock().unwrap_or_else(|e| e.into_inner());
-        d.targets
+        let wanted = d
+            .targets
             .get(name)
             .cloned()
-            .map(|t| (t, d.generations.get(name).copied().unwrap_or(0)))
+            .map(|t| (t, d.generations.get(name).copied().unwrap_or(0)));
+        (wanted, d.epochs.get(name).copied().unwrap_or(0))
     };
     let result = match wanted {
         Some((target, generation)) => converge(shared, &target, generation, cancel).await,
@@ -158,6 +168,12 @@ async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) {
         if label == "error" {
             log(shared.opts.mode, &format!("{name}: {e:#}"));
         }
+    }
+    super::PassOutcome {
+        epoch,
+        error: result
+            .err()
+            .map(|e| (format!("{e:#}"), super::remote::transient(&e))),
     }
 }
 
@@ -433,7 +449,11 @@ async fn converge(
             } else {
                 "ReplicasNotReady"
             },
-            &format!("{ready}/{wanted} replicas of the desired spec are ready"),
+            &if rollout_target.desired.xds && ready < wanted as usize {
+                format!("{ready}/{wanted} replicas of the desired spec are LIVE (xds mode: a replica becomes LIVE once Envoy Gateway's xDS server has sent its listeners)")
+            } else {
+                format!("{ready}/{wanted} replicas of the desired spec are ready")
+            },
         );
     });
     converged.map(|_| pass)

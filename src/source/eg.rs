@@ -69,7 +69,8 @@ pub struct XdsDefaults {
 }
 
 impl XdsDefaults {
-    fn server(&self) -> ir::XdsServer {
+    /// The xDS server block of a proxy's routing.
+    pub fn server(&self) -> ir::XdsServer {
         ir::XdsServer {
             address: self.address.clone(),
             port: self.port,

@@ -12,6 +12,7 @@
 mod backend;
 mod check;
 mod doc;
+mod gateway;
 mod listener;
 mod proxy;
 mod route;
@@ -23,6 +24,17 @@ use std::path::{Path, PathBuf};
 use crate::ir;
 
 pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
+pub use gateway::{read_ir_file, EnvoyGateway, MAX_IR_FILE_SIZE};
+
+/// An IP address or a DNS name (no port); the message says what is allowed.
+pub fn check_host(s: &str) -> Result<(), String> {
+    check::host(s)
+}
+
+/// A readable PEM file holding a block of `kind` ("CERTIFICATE", "PRIVATE KEY").
+pub fn check_pem(path: &Path, kind: &str) -> Result<(), String> {
+    backend::pem_file(path, kind)
+}
 pub use proxy::{DEFAULT_IMAGE, MAX_CONCURRENCY, MAX_REPLICAS};
 
 /// The largest config file berth reads.
@@ -38,7 +50,27 @@ pub struct Config {
     /// `tune_host` (default true): berth may set host settings replicas depend on
     /// (`net.ipv4.tcp_migrate_req=1`) when it runs as root.
     pub tune_host: bool,
+    /// Every proxy: `[[proxy]]`s, then those of `[envoy_gateway] ir_files`.
     pub infra: ir::Infra,
+    /// `[envoy_gateway]`: the xDS defaults for EG-driven proxies and the remote provider's
+    /// listen address for `berth serve`.
+    pub envoy_gateway: Option<EnvoyGateway>,
+    /// Things worth saying that are not errors (an IR proxy without listeners was skipped).
+    pub notes: Vec<String>,
+}
+
+impl Config {
+    /// A config with no proxies (for `berth up --ir` without a config file).
+    pub fn empty(path: &Path) -> Config {
+        Config {
+            path: path.to_path_buf(),
+            state_dir: None,
+            tune_host: true,
+            infra: ir::Infra::default(),
+            envoy_gateway: None,
+            notes: Vec::new(),
+        }
+    }
 }
 
 /// One problem in a config file. `line` and `column` are 1-based (0 only when the file could not
@@ -134,9 +166,7 @@ pub fn load(path: &Path) -> Result<Config, ConfigErrors> {
 /// (TLS certificates, bootstrap files, `state_dir`) are resolved against its directory.
 pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
     let mut cx = doc::Ctx::new(path, text);
-    let state_dir;
-    let tune_host;
-    let infra;
+    let walked;
     {
         let (root, syntax) = toml::de::DeTable::parse_recoverable(text);
         if !syntax.is_empty() {
@@ -154,17 +184,19 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
             }
             return Err(cx.finish());
         }
-        let root = doc::Tbl::root(root.get_ref(), root.span());
-        (state_dir, tune_host, infra) = proxy::root(&mut cx, &root);
+        let table = doc::Tbl::root(root.get_ref(), root.span());
+        walked = proxy::root(&mut cx, &table);
     }
     if cx.has_errors() {
         return Err(cx.finish());
     }
     Ok(Config {
         path: path.to_path_buf(),
-        state_dir,
-        tune_host,
-        infra,
+        state_dir: walked.state_dir,
+        tune_host: walked.tune_host,
+        infra: walked.infra,
+        envoy_gateway: walked.envoy_gateway,
+        notes: walked.notes,
     })
 }
 

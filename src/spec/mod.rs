@@ -73,6 +73,11 @@ pub struct DesiredProxy {
     /// 0 in xds mode, where Envoy Gateway pushes them.
     #[serde(default)]
     pub listeners: u32,
+    /// xds mode: Envoy Gateway pushes the listeners, so a replica cannot become LIVE without
+    /// it; the rollout gate asks for a running replica whose admin answers instead
+    /// ([`crate::rollout`]).
+    #[serde(default)]
+    pub xds: bool,
 }
 
 /// One replica container, ready to hand to the engine.
@@ -431,6 +436,7 @@ pub fn desired_proxy(
         hash,
         replicas: cfg.replicas,
         listeners,
+        xds: matches!(proxy.routing, ir::Routing::Xds(_)),
     }
 }
 

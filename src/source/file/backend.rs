@@ -171,34 +171,37 @@ pub(super) fn pem(cx: &mut Ctx, t: &Tbl, key: &str, kind: &str) -> PathBuf {
         return PathBuf::new();
     }
     let path = cx.resolve(s.v);
-    let shown = show(&path.display().to_string());
-    let text = match std::fs::metadata(&path) {
-        Err(e) => Err(format!(
-            "cannot read {shown}: {e}; relative paths are relative to the config file"
-        )),
-        Ok(m) if !m.is_file() => Err(format!("{shown} is not a regular file")),
-        Ok(m) if m.len() > 1024 * 1024 => {
-            Err(format!("{shown} is larger than 1 MiB; expected a PEM file"))
-        }
-        Ok(_) => std::fs::read(&path).map_err(|e| format!("cannot read {shown}: {e}")),
-    };
-    match text {
-        Err(m) => s.err(cx, m),
-        Ok(bytes) => {
-            let text = String::from_utf8_lossy(&bytes);
-            let has_kind = text
-                .lines()
-                .any(|l| l.starts_with("-----BEGIN ") && l.contains(kind));
-            if !has_kind {
-                s.err(
-                    cx,
-                    format!(
-                        "{shown} is not a PEM {} file (no \"-----BEGIN …{kind}-----\" line)",
-                        kind.to_lowercase()
-                    ),
-                );
-            }
-        }
+    if let Err(m) = pem_file(&path, kind) {
+        s.err(cx, m);
     }
     path
+}
+
+/// Checks that `path` is a readable regular file of at most 1 MiB holding a PEM block of
+/// `kind` ("CERTIFICATE", "PRIVATE KEY").
+pub fn pem_file(path: &std::path::Path, kind: &str) -> Result<(), String> {
+    let shown = show(&path.display().to_string());
+    let bytes = match std::fs::metadata(path) {
+        Err(e) => {
+            return Err(format!(
+                "cannot read {shown}: {e}; relative paths are relative to the config file"
+            ))
+        }
+        Ok(m) if !m.is_file() => return Err(format!("{shown} is not a regular file")),
+        Ok(m) if m.len() > 1024 * 1024 => {
+            return Err(format!("{shown} is larger than 1 MiB; expected a PEM file"))
+        }
+        Ok(_) => std::fs::read(path).map_err(|e| format!("cannot read {shown}: {e}"))?,
+    };
+    let text = String::from_utf8_lossy(&bytes);
+    let has_kind = text
+        .lines()
+        .any(|l| l.starts_with("-----BEGIN ") && l.contains(kind));
+    if !has_kind {
+        return Err(format!(
+            "{shown} is not a PEM {} file (no \"-----BEGIN …{kind}-----\" line)",
+            kind.to_lowercase()
+        ));
+    }
+    Ok(())
 }

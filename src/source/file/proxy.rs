@@ -8,6 +8,7 @@ use crate::ir;
 
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Span, Tbl};
+use super::gateway::{self, EnvoyGateway};
 use super::listener;
 use super::settings::{bootstrap, env, extra_args, labels, logging, resources, rollout, shutdown};
 
@@ -18,7 +19,7 @@ pub const MAX_CONCURRENCY: i64 = 128;
 /// Envoy does not run in less.
 pub const MIN_MEMORY: u64 = 32 << 20;
 
-const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "proxy"];
+const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "envoy_gateway", "proxy"];
 const PROXY_KEYS: &[&str] = &[
     "name",
     "namespace",
@@ -53,10 +54,35 @@ impl Ports {
             self.0.push((p, port.field.clone(), port.span.clone()));
         }
     }
+
+    /// Claims a port that has no spanned value of its own (an IR file's listener): errors point
+    /// at `span` and name `field`.
+    pub fn claim_at(&mut self, cx: &mut Ctx, p: u16, field: &str, span: &Span) {
+        if let Some((_, first, first_span)) = self.0.iter().find(|(q, _, _)| *q == p) {
+            let (line, col) = cx.position(first_span.start);
+            cx.err(
+                span,
+                field,
+                format!("port {p} is already used by {first} (line {line}, column {col}); each listener on the host needs its own port"),
+            );
+        } else {
+            self.0.push((p, field.to_string(), span.clone()));
+        }
+    }
 }
 
-/// The top level: `state_dir`, `tune_host` (default true) and the proxies.
-pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, bool, ir::Infra) {
+/// The walked top level.
+pub(super) struct Root {
+    pub state_dir: Option<PathBuf>,
+    pub tune_host: bool,
+    pub infra: ir::Infra,
+    pub envoy_gateway: Option<EnvoyGateway>,
+    pub notes: Vec<String>,
+}
+
+/// The top level: `state_dir`, `tune_host` (default true), `[envoy_gateway]` and the proxies
+/// (those of `[[proxy]]` first, then those of the IR files).
+pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
     t.check_keys(cx, ROOT_KEYS);
     let tune_host = match t.get("tune_host") {
         None => true,
@@ -86,16 +112,18 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, bool, ir::Infra) 
         }
         Some(cx.resolve(s.v))
     });
+    let gateway = gateway::section(cx, t);
     let proxies = t.tables(cx, "proxy", PROXY_KEYS);
     let none = match t.get("proxy") {
         None => true,
         Some(v) => v.get_ref().as_array().is_some_and(|a| a.is_empty()),
     };
-    if none {
+    let eg_provides = gateway.as_ref().is_some_and(|(g, _)| g.provides_proxies());
+    if none && !eg_provides {
         cx.err(
             &(0..0),
             "proxy",
-            "no proxies defined; add at least one [[proxy]] table with a name and a listener",
+            "no proxies defined; add at least one [[proxy]] table with a name and a listener (or [envoy_gateway] with ir_files or remote)",
         );
     }
     let mut ports = Ports(Vec::new());
@@ -105,7 +133,19 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> (Option<PathBuf>, bool, ir::Infra) 
         let proxy = proxy(cx, p, &mut ports, &mut names);
         infra.proxies.push(proxy);
     }
-    (state_dir, tune_host, infra)
+    let mut notes = Vec::new();
+    if let Some((gw, files)) = &gateway {
+        gateway::add_ir_proxies(
+            cx, gw, files, &mut ports, &mut names, &mut infra, &mut notes,
+        );
+    }
+    Root {
+        state_dir,
+        tune_host,
+        infra,
+        envoy_gateway: gateway.map(|(g, _)| g),
+        notes,
+    }
 }
 
 /// Reports a duplicate name (first occurrence wins); `what` is e.g. "proxy".
