@@ -140,6 +140,11 @@ impl Engine {
         self.calls.load(Ordering::Relaxed)
     }
 
+    /// Whether the engine answers (`GET /_ping`).
+    pub async fn ping(&self) -> bool {
+        self.docker.ping().await.is_ok()
+    }
+
     /// Every container carrying berth's managed-by label, in any state, as the planner sees
     /// it: one list call filtered by label, then one inspect per container (concurrently) for
     /// what list cannot tell: memory, CPUs and restart policy.

@@ -356,7 +356,7 @@ async fn remote_provider_drives_serve_end_to_end() {
     let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
         panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
     });
-    let rows = rows.as_array().unwrap();
+    let rows = rows["replicas"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     for r in rows {
         assert!(

@@ -24,7 +24,6 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
     let mut reconnecting = false;
     loop {
         let mut stream = Box::pin(shared.engine.events(&filter, ACTIONS));
-        let mut got_any = false;
         let why = loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
@@ -32,11 +31,6 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
             };
             match next {
                 Some(Ok(ev)) => {
-                    if !got_any && reconnecting {
-                        log(shared.opts.mode, "docker events: reconnected");
-                        shared.trigger(Trigger::All("docker-reconnect"));
-                    }
-                    got_any = true;
                     backoff = MIN_BACKOFF;
                     reconnecting = false;
                     shared.metrics.inc(
@@ -60,13 +54,23 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
             );
         }
         reconnecting = true;
-        tokio::select! {
-            _ = cancel.cancelled() => return Ok(()),
-            _ = tokio::time::sleep(backoff) => {}
+        // Wait, with backoff, until the engine answers again; then resubscribe and reconcile
+        // everything, since events were missed meanwhile. (A fresh event stream is silent
+        // until something happens, so it cannot tell that the engine is back.)
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                _ = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+            if shared.engine.ping().await {
+                log(
+                    shared.opts.mode,
+                    "docker events: engine answers again, reconnected",
+                );
+                shared.trigger(Trigger::All("docker-reconnect"));
+                break;
+            }
         }
-        backoff = (backoff * 2).min(MAX_BACKOFF);
-        // A reconnect that yields no event for a while is still a reconnect: a full reconcile
-        // after each backoff repairs whatever happened while the engine was away.
-        shared.trigger(Trigger::All("docker-reconnect"));
     }
 }

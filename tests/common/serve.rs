@@ -39,7 +39,12 @@ impl Serve {
             .arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{status_port}"))
-            .args(["--resync", "300s"])
+            // A long resync unless the test sets its own: tests see what events trigger.
+            .args(if extra.contains(&"--resync") {
+                &[][..]
+            } else {
+                &["--resync", "300s"][..]
+            })
             .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
