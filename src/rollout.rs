@@ -170,8 +170,6 @@ impl Want {
 }
 
 impl Rollout<'_> {
-    /// Brings every target to its desired state and removes berth containers of proxies not
-    /// among them. Proxies are converged one after the other; the first failure stops.
     /// Brings one proxy to its desired state, leaving every other proxy and its state alone
     /// (`berth serve` converges proxies independently). `observed` may hold other containers.
     pub async fn converge_one(
@@ -189,6 +187,8 @@ impl Rollout<'_> {
         self.converge_proxy(target, &actions, &mine).await
     }
 
+    /// Brings every target to its desired state and removes berth containers of proxies not
+    /// among them. Proxies are converged one after the other; the first failure stops.
     pub async fn converge(&self, targets: &[Target], observed: &[ObservedContainer]) -> Result<()> {
         let desired: Vec<DesiredProxy> = targets.iter().map(|t| t.desired.clone()).collect();
         let plan = plan::plan(&desired, observed);
