@@ -46,9 +46,9 @@ pub fn targets(
         .collect()
 }
 
-/// The number of CPUs the host offers, for the default Envoy concurrency.
+/// The number of CPUs the host offers (sysinfo), for the default Envoy concurrency.
 pub fn host_cpus() -> u32 {
-    std::thread::available_parallelism()
-        .map(|n| n.get() as u32)
-        .unwrap_or(1)
+    let mut sys = sysinfo::System::new();
+    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+    (sys.cpus().len() as u32).max(1)
 }
