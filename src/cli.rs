@@ -644,7 +644,18 @@ async fn up(cli: &Cli, force: bool) -> Result<()> {
     Ok(())
 }
 
-async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+/// What `down` and `status` look at: the config (optional for them), the state directory
+/// and the containers this berth owns.
+struct Scope {
+    config: Option<Config>,
+    state_path: PathBuf,
+    state: StateDir,
+    engine: Engine,
+    names: BTreeSet<String>,
+    observed: Vec<ObservedContainer>,
+}
+
+async fn scope(cli: &Cli) -> Result<Scope> {
     let config = load_optional(cli)?;
     let state_path = state_dir(cli, config.as_ref());
     let state = StateDir::at(&state_path);
@@ -654,6 +665,25 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
         .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
         .collect();
     let observed = owned(&engine, &names, &state).await?;
+    Ok(Scope {
+        config,
+        state_path,
+        state,
+        engine,
+        names,
+        observed,
+    })
+}
+
+async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+    let Scope {
+        config,
+        state_path,
+        state,
+        engine,
+        names,
+        observed,
+    } = scope(cli).await?;
     let mut proxies: BTreeSet<String> = names.clone();
     proxies.extend(state.proxies()?);
     proxies.extend(
@@ -722,15 +752,12 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
 }
 
 async fn show_status(cli: &Cli) -> Result<()> {
-    let config = load_optional(cli)?;
-    let state_path = state_dir(cli, config.as_ref());
-    let state = StateDir::at(&state_path);
-    let engine = Engine::connect().await?;
-    let names: BTreeSet<String> = config
-        .iter()
-        .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
-        .collect();
-    let observed = owned(&engine, &names, &state).await?;
+    let Scope {
+        state_path,
+        state,
+        observed,
+        ..
+    } = scope(cli).await?;
     let rows = status::collect(&state, &observed).await;
     // What `berth serve` recorded (generations, conditions, last rollout), when it runs here.
     let record = crate::runner::status::read(&state);
