@@ -1,5 +1,5 @@
-//! The Docker event watcher: a die, destroy, stop, kill, oom, update or rename of a berth
-//! container triggers a reconcile of its proxy. When the engine goes away the stream ends; the
+//! The Docker event watcher: a start, restart, die, destroy, stop, kill, oom, update or rename
+//! of a berth container triggers a reconcile of its proxy. When the engine goes away the stream ends; the
 //! watcher reconnects with exponential backoff and then asks for a full reconcile (events may
 //! have been missed meanwhile).
 
@@ -13,8 +13,11 @@ use tokio_util::sync::CancellationToken;
 use super::{log, Shared, Trigger};
 use crate::spec::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
 
-/// The container actions that can leave a proxy short of a replica or drifted.
-pub const ACTIONS: &[&str] = &["die", "destroy", "update", "rename", "stop", "kill", "oom"];
+/// The container actions that can leave a proxy short of a replica or drifted, or change what
+/// /status must show (a start after the engine restored a container is the only sign of it).
+pub const ACTIONS: &[&str] = &[
+    "start", "restart", "die", "destroy", "update", "rename", "stop", "kill", "oom",
+];
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 

@@ -115,6 +115,8 @@ pub struct PassOutcome {
     pub epoch: u64,
     /// None: success; else the error and whether it is worth retrying.
     pub error: Option<(String, bool)>,
+    /// Whether the proxy should be looked at again soon (see `reconciler::requeue_later`).
+    pub requeue: bool,
 }
 
 /// A live update that failed, and when it may be tried again (None: after the next edit).
@@ -137,6 +139,8 @@ pub struct Shared {
     pub remote: Mutex<BTreeMap<String, remote::Managed>>,
     /// The last reconcile pass of each proxy, and a wake-up when one ends.
     pub passes: Mutex<BTreeMap<String, PassOutcome>>,
+    /// Requeues in a row per proxy, for the backoff.
+    pub requeues: Mutex<BTreeMap<String, u32>>,
     pub pass_done: tokio::sync::Notify,
     pub record: Mutex<Record>,
     /// Proxies with a reconcile running now, and what it is doing.
@@ -388,6 +392,7 @@ pub async fn run(opts: Options) -> Result<()> {
         config_targets: Mutex::new(BTreeMap::new()),
         remote: Mutex::new(BTreeMap::new()),
         passes: Mutex::new(BTreeMap::new()),
+        requeues: Mutex::new(BTreeMap::new()),
         pass_done: tokio::sync::Notify::new(),
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),

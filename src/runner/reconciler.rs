@@ -77,6 +77,7 @@ pub async fn run(
                         super::PassOutcome {
                             epoch: u64::MAX,
                             error: Some(("berth's reconcile of this proxy panicked".into(), true)),
+                            requeue: false,
                         }
                     }
                 };
@@ -85,7 +86,9 @@ pub async fn run(
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .remove(&name);
+                let requeue = outcome.requeue;
                 shared.pass_ended(&name, outcome);
+                requeue_later(&shared, &name, requeue, &cancel);
                 name
             });
         }
@@ -94,6 +97,28 @@ pub async fn run(
     while tasks.join_next().await.is_some() {}
     Ok(())
 }
+
+/// Schedules another pass of `name` after a backoff (1 s, doubling to 30 s) when `requeue`;
+/// otherwise resets its backoff.
+fn requeue_later(shared: &Arc<Shared>, name: &str, requeue: bool, cancel: &CancellationToken) {
+    let mut attempts = shared.requeues.lock().unwrap_or_else(|e| e.into_inner());
+    if !requeue {
+        attempts.remove(name);
+        return;
+    }
+    let n = attempts.entry(name.to_string()).or_insert(0);
+    let delay = Duration::from_secs(1u64 << (*n).min(5)).min(MAX_REQUEUE);
+    *n += 1;
+    let (shared, name, cancel) = (shared.clone(), name.to_string(), cancel.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = cancel.cancelled() => {}
+            _ = tokio::time::sleep(delay) => shared.trigger(Trigger::Proxy(name, "requeue")),
+        }
+    });
+}
+
+const MAX_REQUEUE: Duration = Duration::from_secs(30);
 
 /// The proxies this serve is responsible for: those in the config and those with state in its
 /// state directory (as `berth up` and `down` see it).
@@ -169,11 +194,19 @@ async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) -> s
             log(shared.opts.mode, &format!("{name}: {e:#}"));
         }
     }
+    let error = result
+        .as_ref()
+        .err()
+        .map(|e| (format!("{e:#}"), super::remote::transient(e)));
     super::PassOutcome {
         epoch,
-        error: result
-            .err()
-            .map(|e| (format!("{e:#}"), super::remote::transient(&e))),
+        // Level-triggered: a pass that could not finish (the engine away) or left replicas
+        // not ready (e.g. still starting after the engine restored them) is looked at again.
+        requeue: match &result {
+            Ok(pass) => pass.short,
+            Err(_) => error.as_ref().is_some_and(|(_, transient)| *transient),
+        },
+        error,
     }
 }
 
@@ -182,6 +215,8 @@ async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) -> s
 struct Pass {
     live: bool,
     rolled: bool,
+    /// Fewer replicas of the desired spec are ready than wanted (standalone mode).
+    short: bool,
 }
 
 /// Observes one proxy's containers (berth's only).
@@ -362,6 +397,7 @@ async fn converge(
         mine
     };
     let (ready, wanted) = readiness(shared, &rollout_target, &now_mine).await;
+    pass.short = ready < wanted as usize && !rollout_target.desired.xds;
     let outcome = match &converged {
         Ok(()) if live_error.is_none() => "succeeded",
         Err(e) if e.downcast_ref::<Cancelled>().is_some() => "cancelled",
