@@ -176,31 +176,44 @@ fn parse_listen_table(text: &str) -> Vec<(u16, u64)> {
 }
 
 fn socket_inodes_by_pid() -> Vec<(u32, u64)> {
-    let mut found = Vec::new();
     let Ok(procs) = fs::read_dir("/proc") else {
-        return found;
+        return Vec::new();
     };
-    for entry in procs.filter_map(|e| e.ok()) {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(fds) = fs::read_dir(entry.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.filter_map(|e| e.ok()) {
-            if let Ok(target) = fs::read_link(fd.path()) {
-                let target = target.to_string_lossy();
-                if let Some(inode) = target
-                    .strip_prefix("socket:[")
-                    .and_then(|s| s.strip_suffix(']'))
-                    .and_then(|s| s.parse().ok())
-                {
-                    found.push((pid, inode));
-                }
-            }
-        }
-    }
-    found
+    procs
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .flat_map(|pid| socket_inodes(pid).into_iter().map(move |i| (pid, i)))
+        .collect()
+}
+
+/// The inodes of the sockets process `pid` holds (empty when /proc does not let us look).
+fn socket_inodes(pid: u32) -> Vec<u64> {
+    let Ok(fds) = fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return Vec::new();
+    };
+    fds.filter_map(|e| e.ok())
+        .filter_map(|fd| fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            target
+                .to_string_lossy()
+                .strip_prefix("socket:[")
+                .and_then(|s| s.strip_suffix(']'))
+                .and_then(|s| s.parse().ok())
+        })
+        .collect()
+}
+
+/// The TCP ports process `pid` listens on (v4 and v6). With host networking a replica's
+/// sockets are in the host's tables, so this shows exactly what a replica exposes.
+pub fn tcp_ports_listened_by(pid: u32) -> BTreeSet<u16> {
+    let inodes: BTreeSet<u64> = socket_inodes(pid).into_iter().collect();
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| fs::read_to_string(table).ok())
+        .flat_map(|text| parse_listen_table(&text))
+        .filter(|(_, inode)| inodes.contains(inode))
+        .map(|(port, _)| port)
+        .collect()
 }
 
 #[cfg(test)]
@@ -222,6 +235,13 @@ mod tests {
         let found = listening_tcp_ports(&BTreeSet::from([port])).unwrap();
         assert_eq!(found.len(), 1);
         assert!(found[0].pids.contains(&std::process::id()));
+    }
+
+    #[test]
+    fn names_the_ports_one_process_listens_on() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        assert!(tcp_ports_listened_by(std::process::id()).contains(&port));
     }
 
     #[test]

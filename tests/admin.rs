@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use berth::admin::{version_number, Admin, ReadyState};
 use berth::docker::Engine;
+use berth::preflight::tcp_ports_listened_by;
 use common::{ensure_test_image, free_port, wait_live, Cleanup, Fixture, TEST_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -63,38 +64,6 @@ where
     }
 }
 
-/// TCP ports in LISTEN state owned by process `pid` (its socket inodes matched against the
-/// host's /proc/net/tcp{,6}: the replica shares the host network namespace).
-fn listening_ports(pid: i64) -> BTreeSet<u16> {
-    let mut inodes = BTreeSet::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-    {
-        if let Ok(target) = std::fs::read_link(fd.path()) {
-            let t = target.to_string_lossy();
-            if let Some(inode) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
-                inodes.insert(inode.to_string());
-            }
-        }
-    }
-    let mut ports = BTreeSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            // local_address is col 1 ("HEXIP:HEXPORT"), state col 3 (0A = LISTEN), inode col 9.
-            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
-                let port = cols[1].rsplit(':').next().unwrap();
-                ports.insert(u16::from_str_radix(port, 16).unwrap());
-            }
-        }
-    }
-    ports
-}
-
 #[tokio::test]
 async fn admin_over_the_socket_of_a_real_replica() {
     let image = ensure_test_image();
@@ -133,7 +102,7 @@ async fn admin_over_the_socket_of_a_real_replica() {
 
     // No TCP admin port: the only TCP socket Envoy listens on is the listener's.
     let pid = engine.status(&id).await.unwrap().unwrap().pid.unwrap();
-    assert_eq!(listening_ports(pid), BTreeSet::from([port]));
+    assert_eq!(tcp_ports_listened_by(pid as u32), BTreeSet::from([port]));
 
     // Traffic through the listener on 127.0.0.1, on a keep-alive connection.
     assert_eq!(admin.downstream_connections().await.unwrap(), 0);

@@ -13,7 +13,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use berth::preflight::listening_tcp_ports;
+use berth::preflight::tcp_ports_listened_by;
 use common::{free_port, short_tempdir, Cleanup};
 use serde_json::Value;
 
@@ -56,17 +56,6 @@ fn inspect(cleanup: &Cleanup) -> Vec<Value> {
         .output()
         .unwrap();
     serde_json::from_slice(&out.stdout).unwrap()
-}
-
-/// The listening TCP ports a process holds.
-fn listening_ports_of(pid: u32) -> BTreeSet<u16> {
-    let all: BTreeSet<u16> = (1..=u16::MAX).collect();
-    listening_tcp_ports(&all)
-        .unwrap()
-        .into_iter()
-        .filter(|l| l.pids.contains(&pid))
-        .map(|l| l.port)
-        .collect()
 }
 
 /// A free port below 1024, for the NET_BIND_SERVICE case.
@@ -225,7 +214,11 @@ direct_response = {{ status = 200, body = "low\n" }}
         } else {
             BTreeSet::from([tls_port, high_port])
         };
-        assert_eq!(listening_ports_of(pid), want, "{name}: listening TCP ports");
+        assert_eq!(
+            tcp_ports_listened_by(pid),
+            want,
+            "{name}: listening TCP ports"
+        );
 
         // The admin socket is 0600.
         let run_name = c["Config"]["Labels"]["io.berth.name"].as_str().unwrap();

@@ -13,6 +13,7 @@ use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth::admin::Admin;
+use berth::preflight::tcp_ports_listened_by;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup, TEST_IMAGE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -245,37 +246,6 @@ fn container_events(fleet: &Fleet, since: f64, until: f64) -> Vec<String> {
     .collect()
 }
 
-/// TCP ports in LISTEN state owned by process `pid` (its socket inodes matched against the
-/// host's /proc/net/tcp{,6}: replicas share the host network namespace).
-fn listening_ports(pid: u32) -> BTreeSet<u16> {
-    let mut inodes = BTreeSet::new();
-    for fd in std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .flatten()
-    {
-        if let Ok(target) = std::fs::read_link(fd.path()) {
-            let t = target.to_string_lossy();
-            if let Some(inode) = t.strip_prefix("socket:[").and_then(|s| s.strip_suffix(']')) {
-                inodes.insert(inode.to_string());
-            }
-        }
-    }
-    let mut ports = BTreeSet::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = std::fs::read_to_string(table) else {
-            continue;
-        };
-        for line in text.lines().skip(1) {
-            let cols: Vec<&str> = line.split_whitespace().collect();
-            if cols.len() > 9 && cols[3] == "0A" && inodes.contains(cols[9]) {
-                let port = cols[1].rsplit(':').next().unwrap();
-                ports.insert(u16::from_str_radix(port, 16).unwrap());
-            }
-        }
-    }
-    ports
-}
-
 #[tokio::test]
 async fn up_three_replicas_behind_one_port_all_serve() {
     let fleet = Fleet::new("up3");
@@ -334,7 +304,7 @@ async fn replica_admin_is_only_a_socket() {
         .unwrap();
     assert!(pid > 0);
     // Exactly the listener port is bound; no TCP admin port.
-    assert_eq!(listening_ports(pid), BTreeSet::from([port]));
+    assert_eq!(tcp_ports_listened_by(pid), BTreeSet::from([port]));
     // The admin answers on its socket, which only root and the replica user may open.
     let admin = fleet.admin(&proxy, name);
     assert_eq!(admin.ready().await.unwrap(), berth::admin::ReadyState::Live);
