@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use berth::remote::pb;
 use berth::remote::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use common::eg::gateway_proxy;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup};
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -111,15 +112,6 @@ impl Drop for Serve {
     }
 }
 
-fn port(protocol: &str, n: u16) -> pb::ListenerPort {
-    pb::ListenerPort {
-        name: format!("{}-{n}", protocol.to_lowercase()),
-        protocol: protocol.into(),
-        service_port: n.into(),
-        container_port: n.into(),
-    }
-}
-
 /// An EnvoyProxy as EG marshals it: 2 replicas, an image, resources, log levels.
 fn envoy_proxy(image: &str, replicas: i64) -> String {
     serde_json::json!({
@@ -146,40 +138,7 @@ fn envoy_proxy(image: &str, replicas: i64) -> String {
 /// What EG sends for Gateway "default/eg" with an HTTP and a TCP listener.
 fn infra(config: &str, http: u16, tcp: u16, protocol: &str) -> pb::Infra {
     pb::Infra {
-        proxy: Some(pb::ProxyInfra {
-            metadata: Some(pb::InfraMetadata {
-                labels: [
-                    ("gateway.envoyproxy.io/owning-gateway-name", "eg"),
-                    ("gateway.envoyproxy.io/owning-gateway-namespace", "default"),
-                ]
-                .into_iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-                annotations: Default::default(),
-                owner_reference: Some(pb::ResourceMetadata {
-                    kind: "GatewayClass".into(),
-                    name: "eg".into(),
-                    ..Default::default()
-                }),
-            }),
-            name: "default/eg".into(),
-            namespace: "envoy-gateway-system".into(),
-            config: config.as_bytes().to_vec(),
-            listeners: vec![
-                pb::ProxyListener {
-                    name: "default/eg/http".into(),
-                    ports: vec![port("HTTP", http)],
-                    http3: None,
-                },
-                pb::ProxyListener {
-                    name: "default/eg/tcp".into(),
-                    ports: vec![port(protocol, tcp)],
-                    http3: None,
-                },
-            ],
-            addresses: vec![],
-            resolved_metric_sinks: vec![],
-        }),
+        proxy: Some(gateway_proxy(config, http, tcp, protocol)),
     }
 }
 

@@ -2,6 +2,8 @@
 //! client, against a recording fake of the rollout seam. (The real-Docker test drives the same
 //! service with berth's rollout behind it.)
 
+mod common;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -12,6 +14,7 @@ use berth::ir::{LogLevel, Protocol};
 use berth::remote::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
 use berth::remote::{self, pb, Infrastructure, Listen, Transient};
 use berth::source::eg::{EgProxy, XdsDefaults};
+use common::eg::gateway_proxy;
 use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::Code;
@@ -138,15 +141,6 @@ async fn tcp_client(addr: std::net::SocketAddr) -> Client<Channel> {
     Client::connect(format!("http://{addr}")).await.unwrap()
 }
 
-fn port(name: &str, protocol: &str, n: i32) -> pb::ListenerPort {
-    pb::ListenerPort {
-        name: name.into(),
-        protocol: protocol.into(),
-        service_port: n,
-        container_port: n,
-    }
-}
-
 const CONFIG: &str = r#"{
   "apiVersion": "gateway.envoyproxy.io/v1alpha1",
   "kind": "EnvoyProxy",
@@ -163,40 +157,7 @@ const CONFIG: &str = r#"{
 
 /// What EG sends for a Gateway "default/eg" with an HTTP and a TCP listener.
 fn realistic(config: &str) -> pb::ProxyInfra {
-    pb::ProxyInfra {
-        metadata: Some(pb::InfraMetadata {
-            labels: [
-                ("gateway.envoyproxy.io/owning-gateway-name", "eg"),
-                ("gateway.envoyproxy.io/owning-gateway-namespace", "default"),
-            ]
-            .into_iter()
-            .map(|(k, v)| (k.to_string(), v.to_string()))
-            .collect(),
-            annotations: Default::default(),
-            owner_reference: Some(pb::ResourceMetadata {
-                kind: "GatewayClass".into(),
-                name: "eg".into(),
-                ..Default::default()
-            }),
-        }),
-        name: "default/eg".into(),
-        namespace: "envoy-gateway-system".into(),
-        config: config.as_bytes().to_vec(),
-        listeners: vec![
-            pb::ProxyListener {
-                name: "default/eg/http".into(),
-                ports: vec![port("http-18080", "HTTP", 18080)],
-                http3: None,
-            },
-            pb::ProxyListener {
-                name: "default/eg/tcp".into(),
-                ports: vec![port("tcp-15432", "TCP", 15432)],
-                http3: None,
-            },
-        ],
-        addresses: vec![],
-        resolved_metric_sinks: vec![],
-    }
+    gateway_proxy(config, 18080, 15432, "TCP")
 }
 
 fn create(proxy: pb::ProxyInfra) -> pb::CreateOrUpdateProxyInfraRequest {
