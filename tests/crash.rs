@@ -16,8 +16,9 @@ use berth::admin::{Admin, ReadyState};
 use berth::crashpoint;
 use berth::docker::Engine;
 use berth::layout;
-use berth::spec::LABEL_NAME;
+use berth::spec::{ObservedContainer, LABEL_NAME};
 use common::fleet::*;
+use common::load::Load;
 
 const N: usize = 3;
 
@@ -76,6 +77,43 @@ fn assert_state_whole(dir: &Path) {
     }
 }
 
+/// After a crash at `step`: the next `up` succeeds, every replica serves `version`, there are
+/// exactly N containers and every state file is whole. Returns the containers.
+async fn assert_recovered(fleet: &Fleet, version: &str, step: &str) -> Vec<ObservedContainer> {
+    let again = fleet.up().await;
+    assert!(again.status.success(), "up after a crash at {step} failed");
+    fleet.assert_serving(N as u32, version).await;
+    let all = fleet
+        .engine
+        .observe_labelled(&fleet.cleanup.filter())
+        .await
+        .unwrap();
+    assert_eq!(all.len(), N, "orphans after a crash at {step}: {all:#?}");
+    assert_state_whole(&fleet.state());
+    all
+}
+
+/// Stops the sampler and the load: never fewer than N−1 replicas were ready, no request failed.
+async fn assert_served_throughout(
+    what: &str,
+    stop: Arc<AtomicBool>,
+    sampler: tokio::task::JoinHandle<usize>,
+    load: Load,
+) {
+    stop.store(true, Ordering::Relaxed);
+    let min_ready = sampler.await.unwrap();
+    let report = load.stop().await;
+    eprintln!(
+        "fewest ready replicas sampled: {min_ready}; load: {}",
+        report.summary()
+    );
+    assert!(
+        min_ready >= N - 1,
+        "only {min_ready} of {N} replicas were ready at one point"
+    );
+    assert_no_failures(what, &report);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigkill_at_every_rollout_step_then_up_converges() {
     let _serial = SERIAL.lock().await;
@@ -111,15 +149,7 @@ async fn sigkill_at_every_rollout_step_then_up_converges() {
             "berth should have died at {step}: {}",
             killed.status
         );
-        let again = fleet.up().await;
-        assert!(again.status.success(), "up after a crash at {step} failed");
-        fleet.assert_serving(N as u32, version).await;
-        let all = fleet
-            .engine
-            .observe_labelled(&fleet.cleanup.filter())
-            .await
-            .unwrap();
-        assert_eq!(all.len(), N, "orphans after a crash at {step}: {all:#?}");
+        let all = assert_recovered(&fleet, version, step).await;
         let hashes: std::collections::BTreeSet<_> =
             all.iter().filter_map(|c| c.spec_hash()).collect();
         assert_eq!(hashes.len(), 1, "one spec after a crash at {step}");
@@ -134,22 +164,9 @@ async fn sigkill_at_every_rollout_step_then_up_converges() {
             0,
             "a third up changes nothing ({step})"
         );
-        assert_state_whole(&fleet.state());
         eprintln!("crash at {step}: converged to {version}");
     }
-
-    stop.store(true, Ordering::Relaxed);
-    let min_ready = sampler.await.unwrap();
-    let report = load.stop().await;
-    eprintln!(
-        "fewest ready replicas sampled: {min_ready}; load: {}",
-        report.summary()
-    );
-    assert!(
-        min_ready >= N - 1,
-        "only {min_ready} of {N} replicas were ready at one point"
-    );
-    assert_no_failures("crashes", &report);
+    assert_served_throughout("crashes", stop, sampler, load).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -180,30 +197,6 @@ async fn sigkill_during_a_rollback_then_up_converges() {
         killed.status
     );
 
-    let again = fleet.up().await;
-    assert!(
-        again.status.success(),
-        "up after a crash during rollback failed"
-    );
-    fleet.assert_serving(N as u32, "1.40.0").await;
-    let all = fleet
-        .engine
-        .observe_labelled(&fleet.cleanup.filter())
-        .await
-        .unwrap();
-    assert_eq!(all.len(), N, "orphans: {all:#?}");
-    assert_state_whole(&fleet.state());
-
-    stop.store(true, Ordering::Relaxed);
-    let min_ready = sampler.await.unwrap();
-    let report = load.stop().await;
-    eprintln!(
-        "fewest ready replicas sampled: {min_ready}; load: {}",
-        report.summary()
-    );
-    assert!(
-        min_ready >= N - 1,
-        "only {min_ready} of {N} replicas were ready at one point"
-    );
-    assert_no_failures("crash during rollback", &report);
+    assert_recovered(&fleet, "1.40.0", "mid-rollback").await;
+    assert_served_throughout("crash during rollback", stop, sampler, load).await;
 }
