@@ -1,5 +1,6 @@
 //! What runs now: one row per replica, read from the engine and each replica's admin socket.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
@@ -32,6 +33,18 @@ pub struct ReplicaStatus {
 
 /// The status of every berth replica, sorted by proxy and slot.
 pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<ReplicaStatus> {
+    // The subscriptions each proxy's watched files define, read once per proxy.
+    let subscriptions: BTreeMap<&str, Vec<String>> = observed
+        .iter()
+        .filter_map(|c| c.proxy())
+        .map(|p| {
+            (
+                p,
+                live::subscriptions(&state.read_xds(p).unwrap_or_default()),
+            )
+        })
+        .collect();
+    let subscriptions = &subscriptions;
     let rows = observed
         .iter()
         .filter(|c| c.is_managed())
@@ -43,12 +56,14 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
                 let ready = tokio::time::timeout(ADMIN_TIMEOUT, admin.ready()).await;
                 let conns =
                     tokio::time::timeout(ADMIN_TIMEOUT, admin.downstream_connections()).await;
-                let subs = live::subscriptions(&state.read_xds(&proxy).unwrap_or_default());
+                let subs = subscriptions
+                    .get(proxy.as_str())
+                    .map_or(&[][..], Vec::as_slice);
                 let generation = tokio::time::timeout(ADMIN_TIMEOUT, live::snapshot(&admin))
                     .await
                     .ok()
                     .and_then(|r| r.ok())
-                    .and_then(|snap| live::confirmed_generation(&snap, &subs));
+                    .and_then(|snap| live::confirmed_generation(&snap, subs));
                 (
                     match ready {
                         Ok(Ok(r)) => r.to_string(),
