@@ -247,11 +247,11 @@ fn connect_error(e: &io::Error) -> String {
         }
         io::ErrorKind::PermissionDenied => format!(
             "permission denied (the socket is mode 0600, owned by uid {}; run berth as root)",
-            crate::docker::REPLICA_UID
+            crate::engine::REPLICA_UID
         ),
         io::ErrorKind::InvalidInput => format!(
             "{e} (a Unix socket path may be at most {} bytes: use a shorter state directory)",
-            crate::docker::MAX_SOCKET_PATH
+            crate::engine::MAX_SOCKET_PATH
         ),
         _ => e.to_string(),
     }

@@ -1,30 +1,33 @@
 //! berth runs Envoy proxy fleets as Docker containers on hosts without Kubernetes.
 //!
 //! Data flows one way, each stage a module:
-//! [`source`] (TOML, EG IR) → [`ir`] → [`render`] (bootstrap and xDS files) → [`spec`]
-//! (what each replica container must be) → [`plan`] (pure: desired vs observed → actions).
-//! [`docker`] is the only module that talks to the engine; [`admin`] is the client for a
-//! replica's Envoy admin API over its Unix socket.
-//! [`cli`] is the thin front.
+//! [`source`] (berth.toml, Envoy Gateway IR) → [`ir`] → [`render`] (bootstrap and watched
+//! files) → [`target`] (one proxy's desired state: IR, rendered files, [`replica`] spec and
+//! hash) → [`plan`] (pure: desired vs observed → actions).
+//! [`engine`] is the only module that talks to the container engine; [`admin`] is the client
+//! for a replica's Envoy admin API over its Unix socket; [`delivery`] puts new watched files in
+//! front of running replicas and waits for each to confirm them.
+//! [`serve`] is the long-running manager; [`eg_provider`] is Envoy Gateway's remote
+//! infrastructure service; [`status`] is what runs now; [`cli`] is the thin front.
 
 pub mod admin;
 pub mod cli;
 pub mod crashpoint;
-pub mod desired;
-pub mod docker;
+pub mod delivery;
+pub mod eg_provider;
+pub mod engine;
 pub mod host;
 pub mod ir;
 pub mod layout;
-pub mod live;
 pub mod metrics;
 pub mod plan;
 pub mod preflight;
 pub mod progress;
-pub mod remote;
 pub mod render;
+pub mod replica;
 pub mod rollout;
-pub mod runner;
+pub mod serve;
 pub mod source;
-pub mod spec;
 pub mod state;
 pub mod status;
+pub mod target;

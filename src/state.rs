@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::docker::{REPLICA_GID, REPLICA_UID};
+use crate::engine::{REPLICA_GID, REPLICA_UID};
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
-use crate::spec::{DesiredProxy, TlsFile};
+use crate::replica::{DesiredProxy, TlsFile};
 
 #[derive(Debug, Clone)]
 pub struct StateDir {

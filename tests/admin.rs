@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use berth::admin::{version_number, Admin, ReadyState};
-use berth::docker::Engine;
+use berth::engine::Engine;
 use berth::preflight::tcp_ports_listened_by;
 use common::{ensure_test_image, free_port, wait_live, Cleanup, Fixture, TEST_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};

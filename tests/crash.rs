@@ -14,9 +14,9 @@ use std::time::Duration;
 
 use berth::admin::{Admin, ReadyState};
 use berth::crashpoint;
-use berth::docker::Engine;
+use berth::engine::Engine;
 use berth::layout;
-use berth::spec::{ObservedContainer, LABEL_NAME};
+use berth::replica::{ObservedContainer, LABEL_NAME};
 use common::fleet::*;
 use common::load::Load;
 

@@ -5,9 +5,9 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use berth::docker::{Engine, REPLICA_USER};
+use berth::engine::{Engine, REPLICA_USER};
 use berth::layout;
-use berth::spec::{Mount, RunState, LABEL_PROXY, LABEL_TEST};
+use berth::replica::{Mount, RunState, LABEL_PROXY, LABEL_TEST};
 use bollard::models::{ContainerCreateBody, RestartPolicyNameEnum};
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 use common::{ensure_test_image, free_port, unique, Cleanup, Fixture};

@@ -7,13 +7,13 @@ mod common;
 
 use std::path::Path;
 
-use berth::desired;
-use berth::docker::Engine;
+use berth::engine::Engine;
 use berth::progress::Reporter;
 use berth::render::Renderer;
 use berth::rollout::{Gate, GateFailure, Rollout};
 use berth::source::file;
 use berth::state::StateDir;
+use berth::target;
 use common::{free_port, short_tempdir, Cleanup};
 use tokio_util::sync::CancellationToken;
 
@@ -45,7 +45,7 @@ direct_response = {{ status = 200 }}
     let config = file::parse(Path::new("gate.toml"), &text).unwrap();
     let state_path = dir.path().join("s");
     let state = StateDir::open(&state_path).unwrap();
-    let targets = desired::targets(&config.infra, &Renderer::builtin(), &state_path, 2).unwrap();
+    let targets = target::targets(&config.infra, &Renderer::builtin(), &state_path, 2).unwrap();
     let engine = Engine::connect().await.unwrap();
     let reporter = Reporter::quiet();
     let rollout = Rollout {

@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use berth::eg_provider::{self, pb, Infrastructure, Listen, Transient};
 use berth::ir::{LogLevel, Protocol};
-use berth::remote::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
-use berth::remote::{self, pb, Infrastructure, Listen, Transient};
 use berth::source::eg::{EgProxy, XdsDefaults};
 use common::eg::gateway_proxy;
 use tokio::sync::oneshot;
@@ -109,7 +109,7 @@ impl Server {
 
 async fn start(listen: Listen) -> (Server, Option<std::net::SocketAddr>) {
     let fake = Arc::new(Fake::default());
-    let bound = remote::bind(&listen).await.unwrap();
+    let bound = eg_provider::bind(&listen).await.unwrap();
     let addr = bound.local_addr();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(bound.serve(fake.clone(), xds(), async {
@@ -249,7 +249,7 @@ async fn unix_socket_is_0600_and_maps_a_realistic_ir() {
     );
 
     // A second server on a live socket is refused rather than stealing it.
-    let err = remote::bind(&Listen::Unix(sock.clone()))
+    let err = eg_provider::bind(&Listen::Unix(sock.clone()))
         .await
         .err()
         .unwrap();
@@ -264,7 +264,7 @@ async fn refuses_to_replace_a_regular_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("not-a-socket");
     std::fs::write(&path, "data").unwrap();
-    let err = remote::bind(&Listen::Unix(path.clone()))
+    let err = eg_provider::bind(&Listen::Unix(path.clone()))
         .await
         .err()
         .unwrap();
@@ -353,7 +353,7 @@ async fn rate_limit_rpcs_are_unimplemented_with_a_reason() {
         .await
         .unwrap_err();
     assert_eq!(s.code(), Code::Unimplemented);
-    assert_eq!(s.message(), remote::RATE_LIMIT_UNIMPLEMENTED);
+    assert_eq!(s.message(), eg_provider::RATE_LIMIT_UNIMPLEMENTED);
     server.stop().await;
 }
 

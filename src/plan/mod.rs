@@ -17,7 +17,7 @@
 //!   deterministic). The kept container, with the **desired hash**:
 //!   - `dead` → replace ([`ReplaceReason::Dead`]; Docker cannot start a dead container);
 //!   - a live setting differs from the spec (memory, CPUs, restart policy, its name vs. its
-//!     [`crate::spec::LABEL_NAME`] label) or it is `paused` → replace
+//!     [`crate::replica::LABEL_NAME`] label) or it is `paused` → replace
 //!     ([`ReplaceReason::Drifted`]);
 //!   - `running` → nothing; `created`/`exited` → [`Action::Start`];
 //!   - `restarting` → nothing, with a [`Note`]: Docker's restart policy is already restarting
@@ -50,7 +50,7 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
-use crate::spec::{
+use crate::replica::{
     replica_name, short_hash, DesiredProxy, ObservedContainer, RunState, RESTART_POLICY,
 };
 

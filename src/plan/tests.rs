@@ -5,8 +5,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use super::*;
-use crate::spec::tests::{desired, desired_of, proxy_infra, STATE};
-use crate::spec::{
+use crate::replica::tests::{desired, desired_of, proxy_infra, STATE};
+use crate::replica::{
     LiveSettings, ReplicaContainer, LABEL_IMAGE_ID, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PROXY,
     LABEL_SLOT, LABEL_SPEC_HASH, MANAGED_BY_VALUE,
 };
@@ -239,7 +239,7 @@ fn bootstrap_change_replaces_every_replica() {
 }
 
 fn desired_proxy_with(p: &crate::ir::ProxyInfra, bootstrap: &str) -> DesiredProxy {
-    crate::spec::desired_proxy(p, bootstrap, Path::new(STATE), 2)
+    crate::replica::desired_proxy(p, bootstrap, Path::new(STATE), 2)
 }
 
 #[test]

@@ -22,7 +22,7 @@ impl Rollout<'_> {
             dir.path(),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )?;
-        let mut mounts: Vec<spec::Mount> = target
+        let mut mounts: Vec<replica::Mount> = target
             .desired
             .spec
             .mounts
@@ -34,7 +34,7 @@ impl Rollout<'_> {
             })
             .cloned()
             .collect();
-        mounts.push(spec::Mount {
+        mounts.push(replica::Mount {
             source: dir.path().to_path_buf(),
             target: crate::layout::CONTAINER_BOOTSTRAP_DIR.to_string(),
             read_only: true,
@@ -63,7 +63,7 @@ impl Rollout<'_> {
         let name = target.name();
         let tls = self
             .state
-            .write_tls(name, &spec::tls_files(&target.proxy))?;
+            .write_tls(name, &replica::tls_files(&target.proxy))?;
         if !tls.is_empty() {
             self.reporter
                 .event(Event::new(name, "files").message(format!("copied {}", tls.join(", "))));
@@ -84,22 +84,22 @@ impl Rollout<'_> {
             &target.rendered.bootstrap,
         )?;
         let on_disk = self.state.read_xds(name)?;
-        let files = if live::generation_of(&target.rendered.xds).is_some() {
+        let files = if delivery::generation_of(&target.rendered.xds).is_some() {
             // `berth serve` stamps its own generations.
             target.rendered.xds.clone()
-        } else if live::unstamp(&on_disk) == target.rendered.xds {
+        } else if delivery::unstamp(&on_disk) == target.rendered.xds {
             on_disk.clone()
         } else {
-            let next = live::generation_of(&on_disk).unwrap_or(0) + 1;
-            live::stamp(&target.rendered.xds, next)
+            let next = delivery::generation_of(&on_disk).unwrap_or(0) + 1;
+            delivery::stamp(&target.rendered.xds, next)
         };
         if files == on_disk {
             return Ok(());
         }
         // Routes, clusters and backends change live: every running replica must confirm the
         // new files, or the previous ones come back and nothing else is changed.
-        let mut replicas = live::replicas(self.state, name, observed);
-        if live::subscriptions(&files).is_empty() {
+        let mut replicas = delivery::replicas(self.state, name, observed);
+        if delivery::subscriptions(&files).is_empty() {
             // xds mode: only SDS files here, which Envoy Gateway's config does not version.
             replicas.clear();
         }
@@ -110,12 +110,12 @@ impl Rollout<'_> {
                 "{name}: {} replica(s) confirming the new files",
                 replicas.len()
             ));
-            let outcome = live::update(
+            let outcome = delivery::update(
                 self.state,
                 name,
                 &files,
                 &replicas,
-                live::DEFAULT_CONFIRM_TIMEOUT,
+                delivery::DEFAULT_CONFIRM_TIMEOUT,
             )
             .await
             .with_context(|| format!("live update of proxy {name}'s routes, clusters and backends; the previous files are back and no replica was changed"))?;

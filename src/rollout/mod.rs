@@ -25,15 +25,17 @@ use tokio_util::sync::CancellationToken;
 
 use crate::admin::{Admin, ReadyState};
 use crate::crashpoint;
-use crate::desired::Target;
-use crate::docker::Engine;
+use crate::delivery;
+use crate::engine::Engine;
 use crate::ir::{OnFailure, RolloutPolicy, Shutdown};
-use crate::live;
 use crate::plan::{self, Action, ContainerRef};
 use crate::progress::{Event, Reporter};
 use crate::render;
-use crate::spec::{self, DesiredProxy, ObservedContainer, ReplicaContainer, RunState, LABEL_NAME};
+use crate::replica::{
+    self, DesiredProxy, ObservedContainer, ReplicaContainer, RunState, LABEL_NAME,
+};
 use crate::state::StateDir;
+use crate::target::Target;
 
 /// How often readiness and connection counts are polled.
 const POLL: Duration = Duration::from_millis(50);
@@ -335,7 +337,7 @@ impl Rollout<'_> {
             .state
             .read_generation(proxy, &desired.spec.bootstrap_sha256);
         let intact = on_disk
-            .map(|text| spec::sha256_hex(text.as_bytes()) == desired.spec.bootstrap_sha256)
+            .map(|text| replica::sha256_hex(text.as_bytes()) == desired.spec.bootstrap_sha256)
             .unwrap_or(false);
         if intact {
             return Vec::new();
@@ -426,7 +428,7 @@ impl Rollout<'_> {
                     );
                     notes.push(format!(
                         "slot {slot}: rolled back to spec {}",
-                        spec::short_hash(old_hash)
+                        replica::short_hash(old_hash)
                     ));
                 }
                 Err(f) => notes.push(format!(
@@ -484,7 +486,7 @@ fn run_dir_name(container: &ContainerRef, observed: &[ObservedContainer]) -> Str
 /// A name for a new replica of `desired` in `slot` that no observed container has, for
 /// replacements the planner did not name (tampered files, rollback).
 fn fresh_name(desired: &DesiredProxy, slot: u32, observed: &[ObservedContainer]) -> String {
-    let base = spec::replica_name(&desired.spec.proxy, slot, &desired.hash);
+    let base = replica::replica_name(&desired.spec.proxy, slot, &desired.hash);
     // Recorded names key admin socket directories: they stay taken after a rename.
     let taken = |n: &str| {
         observed

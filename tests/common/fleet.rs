@@ -8,9 +8,9 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use berth::admin::Admin;
-use berth::docker::Engine;
+use berth::engine::Engine;
 use berth::layout;
-use berth::spec::{ObservedContainer, RunState, LABEL_NAME};
+use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 
 use super::load::{Load, LoadReport};
 use super::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 
 use berth::admin::{Admin, ReadyState};
 use berth::layout;
-use berth::spec::{
+use berth::replica::{
     Mount, ReplicaContainer, LABEL_IMAGE_ID, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PROXY, LABEL_SLOT,
     LABEL_SPEC_HASH, LABEL_TEST, MANAGED_BY_VALUE,
 };

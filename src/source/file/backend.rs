@@ -8,7 +8,7 @@ use crate::ir;
 
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Span, Tbl};
-use super::proxy::{duration, name, unique};
+use super::fields::{duration, name, unique};
 
 pub(super) const BACKEND_KEYS: &[&str] = &[
     "name",

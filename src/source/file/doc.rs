@@ -7,7 +7,7 @@ use toml::de::{DeArray, DeTable, DeValue};
 use toml::Spanned;
 
 use super::check::show;
-use super::{ConfigError, ConfigErrors};
+use super::errors::{ConfigError, ConfigErrors};
 
 pub(super) type Val<'i> = Spanned<DeValue<'i>>;
 pub(super) type Span = Range<usize>;

@@ -5,14 +5,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use crate::eg_provider::Listen;
 use crate::ir;
-use crate::remote::Listen;
 use crate::source::eg::{self, XdsDefaults};
 
 use super::backend::pem;
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Span, Tbl};
-use super::proxy::Ports;
+use super::fields::Ports;
 
 const KEYS: &[&str] = &[
     "xds_address",
@@ -232,7 +232,7 @@ mod tests {
         let gw = c.envoy_gateway.unwrap();
         assert_eq!(
             gw.remote,
-            Some(crate::remote::Listen::Unix(
+            Some(crate::eg_provider::Listen::Unix(
                 std::path::absolute(dir.path()).unwrap().join("r.sock")
             ))
         );

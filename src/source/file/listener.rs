@@ -7,7 +7,7 @@ use crate::ir;
 use super::backend::{backend, pem, xds_server, BACKEND_KEYS};
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Span, Tbl};
-use super::proxy::{name, unique, Ports};
+use super::fields::{name, unique, BackendRef, Ports};
 use super::route::routes;
 
 const LISTENER_KEYS: &[&str] = &[
@@ -20,10 +20,6 @@ const LISTENER_KEYS: &[&str] = &[
     "backend",
 ];
 const VHOST_KEYS: &[&str] = &["name", "domains", "route"];
-/// A backend named by a route or a tcp listener, checked once the proxy's backends are known.
-pub(super) struct BackendRef {
-    pub name: Item<String>,
-}
 
 pub(super) fn routing(
     cx: &mut Ctx,

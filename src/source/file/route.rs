@@ -7,8 +7,7 @@ use crate::ir;
 
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Tbl};
-use super::listener::BackendRef;
-use super::proxy::{duration, unique};
+use super::fields::{duration, unique, BackendRef};
 
 const ROUTE_KEYS: &[&str] = &[
     "path_prefix",

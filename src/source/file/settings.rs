@@ -6,7 +6,7 @@ use crate::ir;
 
 use super::check::{self, show};
 use super::doc::{self, Ctx, Item, Tbl};
-use super::proxy::{duration, MIN_MEMORY};
+use super::fields::{duration, MIN_MEMORY};
 
 const LOG_LEVELS: &[&str] = &["trace", "debug", "info", "warn", "error", "critical", "off"];
 /// Label prefixes that belong to berth or Docker.

@@ -7,7 +7,7 @@
 //! One pass over a proxy:
 //! 1. observe its containers (one list filtered by its label, one inspect each);
 //! 2. when its watched files differ from the desired ones (stamped with the generation) and
-//!    replicas run: [`live::update`], which every replica must confirm; when one does not, the
+//!    replicas run: [`delivery::update`], which every replica must confirm; when one does not, the
 //!    previous files are back on disk and stay the ones the rollout below writes;
 //! 3. [`Rollout::converge`] for the containers (create, replace, remove — health-gated);
 //! 4. conditions, last rollout, metrics.
@@ -22,16 +22,16 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
 
-use super::status::{set_condition, RolloutRecord, DEGRADED, PROGRESSING, READY};
 use super::{log, Shared, Trigger};
 use crate::admin::{Admin, ReadyState};
-use crate::desired::Target;
+use crate::delivery::{self, Ack, LiveRejected};
 use crate::ir::{RolloutPolicy, Shutdown};
-use crate::live::{self, Ack, LiveRejected};
 use crate::plan::{self, ContainerRef};
 use crate::progress::Reporter;
+use crate::replica::{ObservedContainer, RunState, LABEL_NAME, LABEL_PROXY, MANAGED_BY_VALUE};
 use crate::rollout::{Cancelled, Rollout};
-use crate::spec::{ObservedContainer, RunState, LABEL_NAME, LABEL_PROXY, MANAGED_BY_VALUE};
+use crate::status::record::{set_condition, RolloutRecord, DEGRADED, PROGRESSING, READY};
+use crate::target::Target;
 
 /// How long a live update that some replica did not confirm (no verdict before the deadline)
 /// waits before it is tried again; one that a replica rejected waits for the next edit.
@@ -197,7 +197,7 @@ async fn reconcile(shared: &Shared, name: &str, cancel: &CancellationToken) -> s
     let error = result
         .as_ref()
         .err()
-        .map(|e| (format!("{e:#}"), super::remote::transient(e)));
+        .map(|e| (format!("{e:#}"), super::eg_proxies::transient(e)));
     super::PassOutcome {
         epoch,
         // Level-triggered: a pass that could not finish (the engine away) or left replicas
@@ -241,13 +241,13 @@ async fn converge(
         super::create_proxy_dir(&shared.state, name)?;
     }
     let mine = observe(shared, name).await?;
-    let stamped = live::stamp(&target.rendered.xds, generation);
+    let stamped = delivery::stamp(&target.rendered.xds, generation);
     let on_disk = shared.state.read_xds(name)?;
     let mut files = stamped.clone();
     let mut pass = Pass::default();
     let mut live_error: Option<String> = None;
 
-    let replicas = live::replicas(&shared.state, name, &mine);
+    let replicas = delivery::replicas(&shared.state, name, &mine);
     if on_disk != stamped && !on_disk.is_empty() && !replicas.is_empty() {
         let failed_before = shared
             .rejected
@@ -284,7 +284,7 @@ async fn converge(
                 }
             });
             let t0 = Instant::now();
-            match live::update(
+            match delivery::update(
                 &shared.state,
                 name,
                 &stamped,
@@ -431,7 +431,7 @@ async fn converge(
         let Some(p) = rec.proxies.get_mut(name) else {
             return;
         };
-        p.last_reconcile = Some(super::status::now());
+        p.last_reconcile = Some(crate::status::record::now());
         if pass.live || pass.rolled {
             p.last_rollout = Some(RolloutRecord {
                 outcome: outcome.to_string(),
@@ -442,7 +442,7 @@ async fn converge(
                 }
                 .to_string(),
                 generation,
-                finished_at: super::status::now(),
+                finished_at: crate::status::record::now(),
                 duration_seconds: started.elapsed().as_secs_f64(),
                 message: message.clone(),
             });
@@ -534,7 +534,7 @@ async fn remove(shared: &Shared, name: &str) -> Result<()> {
     };
     for c in &mine {
         debug_assert_eq!(
-            c.label(crate::spec::LABEL_MANAGED_BY),
+            c.label(crate::replica::LABEL_MANAGED_BY),
             Some(MANAGED_BY_VALUE)
         );
         rollout

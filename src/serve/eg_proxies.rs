@@ -16,11 +16,11 @@ use anyhow::{Context, Result};
 use tokio_util::sync::CancellationToken;
 
 use super::{log, Shared, Trigger};
-use crate::desired::{self, Target};
-use crate::remote::{Infrastructure, Invalid, Transient};
+use crate::eg_provider::{Infrastructure, Invalid, Transient};
 use crate::rollout::{Cancelled, GateFailure};
 use crate::source::eg::{EgProxy, XdsDefaults};
 use crate::state::{write_atomic, StateDir};
+use crate::target::{self, Target};
 
 /// A proxy Envoy Gateway asked for, and what berth made of it.
 #[derive(Debug, Clone)]
@@ -64,11 +64,11 @@ fn render(shared: &Shared, eg: &EgProxy) -> Result<Target> {
     let infra = crate::ir::Infra {
         proxies: vec![eg.proxy.clone()],
     };
-    let mut targets = desired::targets(
+    let mut targets = target::targets(
         &infra,
         &super::renderer(&shared.opts)?,
         shared.state.root(),
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     targets.pop().context("rendering produced no target")
 }

@@ -42,7 +42,7 @@ use bollard::Docker;
 use futures_util::{StreamExt, TryStreamExt};
 
 use crate::layout;
-use crate::spec::{
+use crate::replica::{
     ContainerInfo, LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState,
     LABEL_MANAGED_BY, LABEL_PROXY, LABEL_STATE_DIR, MANAGED_BY_VALUE,
 };
@@ -618,7 +618,7 @@ impl Engine {
                 id: e.actor.and_then(|a| a.id).unwrap_or_default(),
                 proxy: attrs
                     .as_ref()
-                    .and_then(|a| a.get(crate::spec::LABEL_PROXY).cloned()),
+                    .and_then(|a| a.get(crate::replica::LABEL_PROXY).cloned()),
                 name: attrs.and_then(|a| a.get("name").cloned()),
             })
         })
@@ -911,7 +911,7 @@ mod tests {
     fn restart_policy_is_the_specs() {
         assert_eq!(
             RestartPolicyNameEnum::UNLESS_STOPPED.to_string(),
-            crate::spec::RESTART_POLICY
+            crate::replica::RESTART_POLICY
         );
     }
 

@@ -6,7 +6,7 @@
 //! ```text
 //!  config watcher ──┐ (notify, debounced: re-load, re-render, new generations)
 //!  docker events ───┼──► triggers (mpsc) ──► reconciler ──► one task per dirty proxy:
-//!  periodic resync ─┘                         (coalesces)    live::update for the watched
+//!  periodic resync ─┘                         (coalesces)    delivery::update for the watched
 //!                                                            files, Rollout::converge for the
 //!  status server  ◄── Shared { desired, record, metrics }    containers
 //!  signals ──► cancel
@@ -18,13 +18,12 @@
 //! the proxies keep running (they are not berth's children).
 
 mod config;
+pub mod eg_proxies;
 mod events;
 mod reconciler;
-pub mod remote;
 mod resync;
 mod server;
 mod signals;
-pub mod status;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -36,16 +35,17 @@ use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::desired::{self, Target};
-use crate::docker::Engine;
+use crate::engine::Engine;
 use crate::layout::DEFAULT_STATE_DIR;
 use crate::metrics::Metrics;
 use crate::progress::Mode;
 use crate::render::Renderer;
 use crate::source::file::{self, Config};
 use crate::state::StateDir;
+use crate::target::{self, Target};
 
-pub use status::{Condition, Record};
+use crate::status::record as status;
+pub use crate::status::record::{Condition, Record};
 
 /// Default address of the status server: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
@@ -86,7 +86,7 @@ pub enum RemoteFlag {
     #[default]
     FromConfig,
     Off,
-    At(crate::remote::Listen),
+    At(crate::eg_provider::Listen),
 }
 
 /// Why a reconcile was asked for.
@@ -136,7 +136,7 @@ pub struct Shared {
     /// The last good config's targets (`desired` merges them with `remote`).
     pub config_targets: Mutex<BTreeMap<String, Target>>,
     /// Proxies Envoy Gateway asked for over the remote infrastructure service.
-    pub remote: Mutex<BTreeMap<String, remote::Managed>>,
+    pub remote: Mutex<BTreeMap<String, eg_proxies::Managed>>,
     /// The last reconcile pass of each proxy, and a wake-up when one ends.
     pub passes: Mutex<BTreeMap<String, PassOutcome>>,
     /// Requeues in a row per proxy, for the backoff.
@@ -154,7 +154,7 @@ impl Shared {
     /// Whether a container is this serve's: it carries every extra label this serve puts on
     /// the containers it creates (so serves with different `--container-label`s on one host,
     /// such as tests and benchmarks, never touch each other's containers).
-    pub fn is_mine(&self, c: &crate::spec::ObservedContainer) -> bool {
+    pub fn is_mine(&self, c: &crate::replica::ObservedContainer) -> bool {
         c.belongs_to(self.state.root())
             && self
                 .opts
@@ -271,7 +271,7 @@ impl Shared {
                     "{}: proxy {:?} is managed by Envoy Gateway (remote infrastructure, {}); rename the proxy in the config or delete the Gateway",
                     config.path.display(),
                     t.name(),
-                    remote::persisted_path(&self.state, t.name()).display()
+                    eg_proxies::persisted_path(&self.state, t.name()).display()
                 );
             }
             Ok(targets)
@@ -349,11 +349,11 @@ fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
     for note in &config.notes {
         log(opts.mode, &format!("note: {note}"));
     }
-    let targets = desired::targets(
+    let targets = target::targets(
         &config.infra,
         &renderer(opts)?,
         state.root(),
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     Ok((config, targets))
 }
@@ -401,7 +401,7 @@ pub async fn run(opts: Options) -> Result<()> {
     // Proxies Envoy Gateway asked an earlier serve for are desired before the first reconcile
     // (else they would look like leftovers and be removed).
     let xds = first.envoy_gateway.as_ref().map(|g| g.xds.clone());
-    remote::restore(&shared, xds.as_ref())?;
+    eg_proxies::restore(&shared, xds.as_ref())?;
     shared.reload()?;
     let remote_listen = match &opts.remote {
         RemoteFlag::Off => None,
@@ -417,7 +417,7 @@ pub async fn run(opts: Options) -> Result<()> {
                     opts.config.display()
                 );
             };
-            Some((crate::remote::bind(listen).await?, xds, listen.clone()))
+            Some((crate::eg_provider::bind(listen).await?, xds, listen.clone()))
         }
     };
     // Every proxy's state directory exists before its first reconcile.
@@ -490,7 +490,7 @@ pub async fn run(opts: Options) -> Result<()> {
             opts.mode,
             &format!("Envoy Gateway remote infrastructure on {listen}"),
         );
-        let provider = Arc::new(remote::Provider::new(shared.clone(), cancel.clone()));
+        let provider = Arc::new(eg_proxies::Provider::new(shared.clone(), cancel.clone()));
         let stop = cancel.clone();
         components.push((
             "remote infrastructure",

@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use crate::ir::{Infra, ProxyInfra};
 use crate::render::{Rendered, Renderer};
-use crate::spec::{self, DesiredProxy};
+use crate::replica::{self, DesiredProxy};
 
 /// One proxy as it should be, with the files its replicas read.
 #[derive(Debug, Clone)]
@@ -36,7 +36,7 @@ pub fn targets(
             let rendered = renderer
                 .render(proxy)
                 .with_context(|| format!("rendering proxy {}", proxy.name))?;
-            let desired = spec::desired_proxy(proxy, &rendered.bootstrap, state_dir, host_cpus);
+            let desired = replica::desired_proxy(proxy, &rendered.bootstrap, state_dir, host_cpus);
             Ok(Target {
                 proxy: proxy.clone(),
                 desired,

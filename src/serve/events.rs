@@ -11,7 +11,7 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{log, Shared, Trigger};
-use crate::spec::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
+use crate::replica::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
 
 /// The container actions that can leave a proxy short of a replica or drifted, or change what
 /// /status must show (a start after the engine restored a container is the only sign of it).

@@ -20,12 +20,12 @@ use hyper_util::rt::TokioIo;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use super::status::{Condition, RolloutRecord};
 use super::Shared;
 use crate::admin::Admin;
-use crate::live;
+use crate::delivery;
 use crate::metrics::{merge_envoy, MAX_ENVOY_SAMPLES};
-use crate::spec::{ObservedContainer, RunState, LABEL_NAME};
+use crate::replica::{ObservedContainer, RunState, LABEL_NAME};
+use crate::status::record::{Condition, RolloutRecord};
 
 /// How long one replica's admin may take to answer a scrape or a status query.
 const ADMIN_TIMEOUT: Duration = Duration::from_millis(1000);
@@ -111,7 +111,7 @@ async fn handle(shared: &Shared, req: Request<hyper::body::Incoming>) -> Respons
 #[derive(Debug, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ServeStatus {
-    pub config: super::status::ConfigRecord,
+    pub config: crate::status::record::ConfigRecord,
     pub proxies: Vec<ProxyStatus>,
 }
 
@@ -169,7 +169,7 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
     for name in names {
         let rec = record.proxies.get(&name).cloned().unwrap_or_default();
         let files = shared.state.read_xds(&name).unwrap_or_default();
-        let subs = live::subscriptions(&files);
+        let subs = delivery::subscriptions(&files);
         let desired_hash = targets.get(&name).map(|t| t.desired.hash.clone());
         let mine: Vec<&ObservedContainer> = observed
             .iter()
@@ -188,10 +188,10 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
                         Ok(r) => r.to_string(),
                         Err(_) => "-".into(),
                     };
-                    let gen = live::snapshot(&admin)
+                    let gen = delivery::snapshot(&admin)
                         .await
                         .ok()
-                        .and_then(|s| live::confirmed_generation(&s, &subs));
+                        .and_then(|s| delivery::confirmed_generation(&s, &subs));
                     (ready, gen)
                 } else {
                     ("-".to_string(), None)
@@ -201,7 +201,7 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
                     slot: c.slot(),
                     state: c.state,
                     ready,
-                    spec: crate::spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
+                    spec: crate::replica::short_hash(c.spec_hash().unwrap_or("")).to_string(),
                     // A replica of an older spec has not observed the generations after it.
                     observed_generation: if current {
                         files_gen

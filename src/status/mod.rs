@@ -1,15 +1,17 @@
 //! What runs now: one row per replica, read from the engine and each replica's admin socket.
 
+pub mod record;
+
 use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
 
 use crate::admin::Admin;
-use crate::live;
-use crate::runner::status::Record;
-use crate::spec::{self, ObservedContainer, RunState, LABEL_NAME};
+use crate::delivery;
+use crate::replica::{self, ObservedContainer, RunState, LABEL_NAME};
 use crate::state::StateDir;
+use record::Record;
 
 /// How long one replica's admin may take to answer before it is shown as unknown.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
@@ -40,7 +42,7 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
         .map(|p| {
             (
                 p,
-                live::subscriptions(&state.read_xds(p).unwrap_or_default()),
+                delivery::subscriptions(&state.read_xds(p).unwrap_or_default()),
             )
         })
         .collect();
@@ -59,11 +61,11 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
                 let subs = subscriptions
                     .get(proxy.as_str())
                     .map_or(&[][..], Vec::as_slice);
-                let generation = tokio::time::timeout(ADMIN_TIMEOUT, live::snapshot(&admin))
+                let generation = tokio::time::timeout(ADMIN_TIMEOUT, delivery::snapshot(&admin))
                     .await
                     .ok()
                     .and_then(|r| r.ok())
-                    .and_then(|snap| live::confirmed_generation(&snap, subs));
+                    .and_then(|snap| delivery::confirmed_generation(&snap, subs));
                 (
                     match ready {
                         Ok(Ok(r)) => r.to_string(),
@@ -82,7 +84,7 @@ pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<Re
                 state: c.state,
                 ready,
                 image: c.info.image.clone(),
-                spec: spec::short_hash(c.spec_hash().unwrap_or("")).to_string(),
+                spec: replica::short_hash(c.spec_hash().unwrap_or("")).to_string(),
                 uptime_seconds: c.uptime_seconds(),
                 connections,
                 observed_generation,

@@ -31,7 +31,7 @@ use serde::Serialize;
 
 use crate::admin::Admin;
 use crate::layout::{CDS_FILE, LDS_FILE, RDS_FILE};
-use crate::spec::{ObservedContainer, RunState, LABEL_NAME};
+use crate::replica::{ObservedContainer, RunState, LABEL_NAME};
 use crate::state::{write_atomic, StateDir};
 
 /// How long replicas get to confirm a change unless told otherwise.

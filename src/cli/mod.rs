@@ -8,16 +8,16 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand, ValueEnum};
 use tokio_util::sync::CancellationToken;
 
-use crate::desired::{self, Target};
-use crate::docker::Engine;
+use crate::engine::Engine;
 use crate::layout::DEFAULT_STATE_DIR;
 use crate::plan;
 use crate::progress::{Mode, Reporter};
 use crate::render::Renderer;
+use crate::replica::ObservedContainer;
 use crate::rollout::Rollout;
 use crate::source::file::{self, Config, ConfigErrors};
-use crate::spec::ObservedContainer;
 use crate::state::StateDir;
+use crate::target::{self, Target};
 use crate::{preflight, status};
 
 const ABOUT: &str = "Runs Envoy proxy fleets as Docker containers: N replicas behind one host \
@@ -140,7 +140,7 @@ pub enum Command {
     /// proxies keep running.
     Serve {
         /// Address of the status server (/healthz, /status, /metrics), or "off".
-        #[arg(long, default_value = crate::runner::DEFAULT_LISTEN, env = "BERTH_LISTEN")]
+        #[arg(long, default_value = crate::serve::DEFAULT_LISTEN, env = "BERTH_LISTEN")]
         listen: String,
         /// Reconcile every proxy this often even without events ("0" turns it off).
         #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
@@ -443,11 +443,11 @@ fn selected<'a>(targets: &'a [Target], proxy: Option<&str>) -> Result<Vec<&'a Ta
 
 fn render(cli: &Cli, proxy: Option<&str>) -> Result<()> {
     let config = load(cli)?;
-    let targets = desired::targets(
+    let targets = target::targets(
         &config.infra,
         &renderer(cli)?,
         &state_dir(cli, Some(&config)),
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     let targets = selected(&targets, proxy)?;
     if cli.output == Output::Json {
@@ -485,11 +485,11 @@ async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
     let scratch = tempfile::Builder::new()
         .prefix("berth-validate-")
         .tempdir()?;
-    let targets = desired::targets(
+    let targets = target::targets(
         &config.infra,
         &renderer(cli)?,
         scratch.path(),
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     let proxies = targets.len();
     if no_envoy {
@@ -549,11 +549,11 @@ async fn owned(
 async fn diff(cli: &Cli) -> Result<()> {
     let config = load(cli)?;
     let state_path = state_dir(cli, Some(&config));
-    let targets = desired::targets(
+    let targets = target::targets(
         &config.infra,
         &renderer(cli)?,
         &state_path,
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     let engine = Engine::connect().await?;
     let state = StateDir::at(&state_path);
@@ -590,11 +590,11 @@ async fn diff(cli: &Cli) -> Result<()> {
 async fn up(cli: &Cli, force: bool) -> Result<()> {
     let config = load(cli)?;
     let state_path = state_dir(cli, Some(&config));
-    let targets = desired::targets(
+    let targets = target::targets(
         &config.infra,
         &renderer(cli)?,
         &state_path,
-        desired::host_cpus(),
+        target::host_cpus(),
     )?;
     preflight::check_memory(&config.infra, force)?;
     let engine = Engine::connect().await?;
@@ -760,7 +760,7 @@ async fn show_status(cli: &Cli) -> Result<()> {
     } = scope(cli).await?;
     let rows = status::collect(&state, &observed).await;
     // What `berth serve` recorded (generations, conditions, last rollout), when it runs here.
-    let record = crate::runner::status::read(&state);
+    let record = crate::status::record::read(&state);
     if cli.output == Output::Json {
         let proxies = record.map(|r| r.proxies).unwrap_or_default();
         println!(
@@ -812,7 +812,7 @@ async fn serve(cli: &Cli) -> Result<()> {
                 .with_context(|| format!("--listen {addr:?}: expected HOST:PORT or \"off\""))?,
         ),
     };
-    crate::runner::run(crate::runner::Options {
+    crate::serve::run(crate::serve::Options {
         config: cli.config_path(),
         state_dir: cli.state_dir.clone(),
         templates: cli.templates.clone(),
@@ -828,10 +828,10 @@ async fn serve(cli: &Cli) -> Result<()> {
         docker_events: !no_docker_events,
         confirm_timeout: *confirm_timeout,
         remote: match remote.as_deref() {
-            None => crate::runner::RemoteFlag::FromConfig,
-            Some("off") => crate::runner::RemoteFlag::Off,
-            Some(addr) => crate::runner::RemoteFlag::At(
-                crate::remote::Listen::parse(addr, &std::env::current_dir()?)
+            None => crate::serve::RemoteFlag::FromConfig,
+            Some("off") => crate::serve::RemoteFlag::Off,
+            Some(addr) => crate::serve::RemoteFlag::At(
+                crate::eg_provider::Listen::parse(addr, &std::env::current_dir()?)
                     .map_err(|m| BadInput(format!("--remote: {m}")))?,
             ),
         },

@@ -1,0 +1,5 @@
+//! The container engine berth drives.
+
+pub mod docker;
+
+pub use docker::*;
