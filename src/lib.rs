@@ -19,6 +19,7 @@ pub mod engine;
 pub mod host;
 pub mod ir;
 pub mod layout;
+pub mod lock;
 pub mod metrics;
 pub mod plan;
 pub mod preflight;
