@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod control;
 pub mod crashpoint;
 pub mod delivery;
 pub mod eg_provider;
