@@ -17,6 +17,7 @@ pub mod crashpoint;
 pub mod delivery;
 pub mod eg_provider;
 pub mod engine;
+pub mod envoy_log;
 pub mod host;
 pub mod ir;
 pub mod layout;
