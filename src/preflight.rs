@@ -1,5 +1,6 @@
-//! Checks made before `up` creates anything: no other process holds a listener port, and the
-//! fleet's memory limits fit the host.
+//! Checks made before `up` creates anything: no other process holds a listener port, the
+//! fleet's memory limits fit the host, and what the fleet needs of the host's kernel settings
+//! ([`host_needs`], checked and prepared by [`crate::host::prepare`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -8,6 +9,25 @@ use anyhow::{bail, Result};
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
 
 use crate::ir::Infra;
+
+/// What the whole fleet of `targets` needs of the host (ports, replicas, inotify), for
+/// [`crate::host::prepare`].
+pub fn host_needs(targets: &[crate::target::Target]) -> crate::host::Needs {
+    crate::host::Needs {
+        proxies: targets
+            .iter()
+            .map(|t| {
+                crate::host::ProxyNeeds::of(
+                    t.name(),
+                    t.proxy.config.replicas,
+                    t.proxy.host_ports(),
+                    &t.rendered.bootstrap,
+                    &t.rendered.xds,
+                )
+            })
+            .collect(),
+    }
+}
 
 /// A TCP port some process listens on.
 #[derive(Debug, Clone, PartialEq, Eq)]

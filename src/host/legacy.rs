@@ -1,4 +1,4 @@
-//! Host settings replicas depend on.
+//! The host checks `up` makes today, kept until every entry point calls [`super::prepare`].
 //!
 //! `net.ipv4.tcp_migrate_req = 1` makes the kernel move connections still waiting in a closing
 //! listener's accept queue to a sibling listener on the same port (SO_REUSEPORT). Without it,
