@@ -217,11 +217,25 @@ impl StateDir {
     }
 }
 
-/// Scratch directories `envoy --mode validate` runs on; a crash can leave one behind.
+/// Scratch directories `envoy --mode validate` runs on: `berth-validate-<pid>-<random>`.
 pub const VALIDATION_DIR_PREFIX: &str = "berth-validate-";
 
-/// Removes temp files of writes a crash interrupted before their rename, and scratch
-/// validation directories, `depth` levels down.
+/// A scratch directory for one validation under `root`, named with this process's pid so
+/// that a sweep by another berth process leaves it alone while this one lives.
+pub fn validation_scratch_dir(root: &Path) -> Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix(&format!("{VALIDATION_DIR_PREFIX}{}-", std::process::id()))
+        .tempdir_in(root)
+        .with_context(|| format!("cannot create a validation directory in {}", root.display()))
+}
+
+/// How old a scratch directory without an owner pid (made by a berth before pids were part of
+/// the name) must be before a sweep takes it for a dead process's.
+const UNOWNED_SCRATCH_AGE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// Removes what dead processes left, `depth` levels down: temp files of writes interrupted
+/// before their rename, and validation scratch directories. Each carries its writer's pid;
+/// a living writer's are left alone (`berth validate` or a serve working beside this process).
 fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
     let Ok(entries) = fs::read_dir(dir) else {
         return Ok(());
@@ -233,8 +247,10 @@ fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
         };
         let path = entry.path();
         if kind.is_dir() && name.starts_with(VALIDATION_DIR_PREFIX) {
-            fs::remove_dir_all(&path)
-                .with_context(|| format!("cannot remove {}", path.display()))?;
+            if scratch_is_dead(&name, &path) {
+                fs::remove_dir_all(&path)
+                    .with_context(|| format!("cannot remove {}", path.display()))?;
+            }
         } else if kind.is_file() && is_leftover_temp(&name) {
             fs::remove_file(&path).with_context(|| format!("cannot remove {}", path.display()))?;
         } else if kind.is_dir() && depth > 0 && name != "run" {
@@ -244,8 +260,32 @@ fn sweep_leftover_temps(dir: &Path, depth: u32) -> Result<()> {
     Ok(())
 }
 
+fn scratch_is_dead(name: &str, path: &Path) -> bool {
+    let owner = name[VALIDATION_DIR_PREFIX.len()..]
+        .split_once('-')
+        .and_then(|(pid, _)| pid.parse::<u32>().ok());
+    match owner {
+        Some(pid) => !crate::lock::process_alive(pid),
+        None => fs::metadata(path)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > UNOWNED_SCRATCH_AGE),
+    }
+}
+
+/// A temp file of [`write_atomic`] (`.<name>.tmp<pid>`) whose writer is gone.
 fn is_leftover_temp(name: &str) -> bool {
-    name.starts_with('.') && name.contains(".tmp")
+    if !name.starts_with('.') {
+        return false;
+    }
+    let Some((_, pid)) = name.rsplit_once(".tmp") else {
+        return false;
+    };
+    match pid.parse::<u32>() {
+        Ok(pid) => !crate::lock::process_alive(pid),
+        Err(_) => false,
+    }
 }
 
 fn prune_children(dir: &Path, keep: &[&str]) -> Result<()> {
@@ -325,11 +365,29 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let gen = tmp.path().join("proxies/p/generations/abc");
         fs::create_dir_all(&gen).unwrap();
-        fs::write(gen.join(".bootstrap.yaml.tmp42"), "half").unwrap();
+        fs::write(gen.join(".bootstrap.yaml.tmp2147483601"), "half").unwrap();
         fs::write(gen.join("bootstrap.yaml"), "whole").unwrap();
         StateDir::open(tmp.path()).unwrap();
-        assert!(!gen.join(".bootstrap.yaml.tmp42").exists());
+        assert!(!gen.join(".bootstrap.yaml.tmp2147483601").exists());
         assert!(gen.join("bootstrap.yaml").exists());
+    }
+
+    #[test]
+    fn a_sweep_leaves_a_living_processes_scratch_alone() {
+        let tmp = tempfile::tempdir().unwrap();
+        let mine = validation_scratch_dir(tmp.path()).unwrap();
+        let dead = tmp
+            .path()
+            .join(format!("{VALIDATION_DIR_PREFIX}2147483600-abc"));
+        fs::create_dir(&dead).unwrap();
+        let xds = tmp.path().join("proxies/p/xds");
+        fs::create_dir_all(&xds).unwrap();
+        let live_temp = xds.join(format!(".lds.yaml.tmp{}", std::process::id()));
+        fs::write(&live_temp, "being written").unwrap();
+        StateDir::open(tmp.path()).unwrap();
+        assert!(mine.path().exists(), "this process's scratch stays");
+        assert!(live_temp.exists(), "this process's temp file stays");
+        assert!(!dead.exists(), "a dead process's scratch goes");
     }
 
     #[test]

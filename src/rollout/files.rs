@@ -11,10 +11,7 @@ impl Rollout<'_> {
         self.copy_tls(target)?;
         self.reporter
             .waiting(format!("{name}: envoy --mode validate"));
-        let dir = tempfile::Builder::new()
-            .prefix(crate::state::VALIDATION_DIR_PREFIX)
-            .tempdir_in(self.state.root())
-            .context("cannot create a validation directory")?;
+        let dir = crate::state::validation_scratch_dir(self.state.root())?;
         let bootstrap = render::validation_bootstrap(&target.rendered)?;
         let path = dir.path().join(crate::layout::BOOTSTRAP_FILE);
         crate::state::write_atomic(&path, bootstrap.as_bytes(), 0o644)?;
