@@ -17,11 +17,13 @@ mod server;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use anyhow::Result;
 use serde::{Deserialize, Serialize};
 
 pub use client::Client;
 pub use server::{bind, serve, Handler};
 
+use crate::lock::{Attempt, Holder, Role, StateLock};
 use crate::progress::Event;
 
 /// The socket's file name in the state directory.
@@ -41,6 +43,64 @@ pub fn socket_path(root: &Path) -> PathBuf {
     use sha2::Digest;
     let digest = sha2::Sha256::digest(root.as_os_str().as_encoded_bytes());
     std::env::temp_dir().join(format!("berth-serve-{}.sock", &hex::encode(digest)[..16]))
+}
+
+/// How a command that changes the state directory gets to: it holds the lock itself, or the
+/// serve that holds it takes the request.
+#[derive(Debug)]
+pub enum Writer {
+    Locked(StateLock),
+    Serve { holder: Holder, client: Client },
+}
+
+/// Takes the state directory's lock for `role`; when a serve holds it and `delegate`, returns
+/// that serve's client instead. Otherwise waits for the holder to let go, calling `on_wait`
+/// once with it (to tell the user whom berth waits for: [`waiting_message`]).
+pub async fn writer(
+    root: &Path,
+    role: Role,
+    delegate: bool,
+    on_wait: impl FnOnce(Option<&Holder>),
+) -> Result<Writer> {
+    let mut on_wait = Some(on_wait);
+    loop {
+        let holder = match StateLock::try_acquire(root, role)? {
+            Attempt::Locked(lock) => return Ok(Writer::Locked(lock)),
+            Attempt::Held(holder) => holder,
+        };
+        if let Some(h) = holder
+            .as_ref()
+            .filter(|h| delegate && h.role == Role::Serve)
+        {
+            if let Some(api) = &h.api {
+                let client = Client::new(api);
+                // A serve that is starting or stopping may not answer: then wait.
+                if client.info().await.is_ok() {
+                    return Ok(Writer::Serve {
+                        holder: h.clone(),
+                        client,
+                    });
+                }
+            }
+        }
+        if let Some(f) = on_wait.take() {
+            f(holder.as_ref());
+        }
+        tokio::time::sleep(WAIT_RETRY).await;
+    }
+}
+
+/// How often [`writer`] looks again.
+const WAIT_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// What a waiting command tells the user.
+pub fn waiting_message(root: &Path, holder: Option<&Holder>) -> String {
+    let who = holder.map_or_else(|| "another berth process".to_string(), Holder::to_string);
+    format!(
+        "{who} is changing the state directory {}; waiting for it to finish (Ctrl-C stops \
+         waiting, and changes nothing)",
+        root.display()
+    )
 }
 
 /// What a running serve says about itself.

@@ -183,3 +183,53 @@ fn long_state_dirs_put_the_socket_in_the_temp_directory() {
     );
     assert_eq!(p, socket_path(&long), "stable");
 }
+
+#[tokio::test]
+async fn up_hands_its_request_to_the_serve_holding_the_lock_or_waits() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let crate::lock::Attempt::Locked(mut serve_lock) =
+        StateLock::try_acquire(&root, Role::Serve).unwrap()
+    else {
+        panic!("free")
+    };
+    // A serve without its API yet: up waits, saying for whom.
+    let waiting = tokio::spawn({
+        let root = root.clone();
+        async move {
+            let mut said = None;
+            let w = writer(&root, Role::Up, true, |h| {
+                said = Some(waiting_message(&root, h))
+            })
+            .await
+            .unwrap();
+            (w, said)
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished());
+    // Now it listens: up gets a client.
+    let path = socket_path(&root);
+    let listener = bind(&path).unwrap();
+    let cancel = CancellationToken::new();
+    let server = tokio::spawn(serve(listener, Arc::new(fake(0, 0)), cancel.clone()));
+    serve_lock.advertise_api(&path).unwrap();
+    let (w, said) = waiting.await.unwrap();
+    let said = said.unwrap();
+    assert!(
+        said.contains(&format!("berth serve (pid {})", std::process::id())),
+        "{said}"
+    );
+    assert!(matches!(w, Writer::Serve { ref holder, .. } if holder.role == Role::Serve));
+    // `down` does not delegate: it waits until serve lets go.
+    let down = tokio::spawn({
+        let root = root.clone();
+        async move { writer(&root, Role::Down, false, |_| {}).await.unwrap() }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!down.is_finished());
+    drop(serve_lock);
+    assert!(matches!(down.await.unwrap(), Writer::Locked(_)));
+    cancel.cancel();
+    server.await.unwrap().unwrap();
+}
