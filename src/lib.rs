@@ -22,6 +22,7 @@ pub mod host;
 pub mod ir;
 pub mod layout;
 pub mod lock;
+pub mod logs;
 pub mod metrics;
 pub mod plan;
 pub mod preflight;

@@ -155,6 +155,9 @@ fn help_of_each_command_says_what_it_does() {
         (Some("diff"), "what `up` would do"),
         (Some("render"), "rendered Envoy files"),
         (Some("validate"), "envoy --mode validate"),
+        (Some("logs"), "interleaved and prefixed by replica"),
+        (Some("completions"), "shell completion script"),
+        (Some("man"), "manual page"),
     ];
     for (cmd, purpose) in cases {
         let out = berth().args(cmd).arg("--help").output().unwrap();

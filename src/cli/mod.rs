@@ -2,6 +2,7 @@
 //! 1 runtime failure, 2 bad input.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context, Result};
@@ -20,6 +21,10 @@ use crate::state::StateDir;
 use crate::target::{self, Target};
 use crate::{preflight, status};
 
+mod docs;
+mod down_guard;
+mod logs;
+
 const ABOUT: &str = "Runs Envoy proxy fleets as Docker containers: N replicas behind one host \
 port, rolled one at a time, health-gated, without dropping a request.";
 
@@ -28,16 +33,21 @@ const AFTER_HELP: &str = "Examples:
   berth status                                one row per replica
   berth diff --output json                    what `up` would do, as JSON
   berth render quickstart                     print the rendered Envoy files
-  berth down                                  drain and remove every replica
+  berth logs -f edge                          follow the replicas of proxy edge
+  berth down                                  drain and remove the config's proxies
+  berth completions bash > /etc/bash_completion.d/berth
+
+The config file option -f comes before the command, as with docker compose (after `logs`, -f
+means --follow).
 
 Exit codes: 0 success, 1 runtime failure, 2 bad input (config or arguments).";
 
 #[derive(Debug, Parser)]
 #[command(name = "berth", version, about = ABOUT, after_help = AFTER_HELP)]
 pub struct Cli {
-    /// The config file [default: berth.toml]. `status` and `down` also work without one
-    /// (from the state directory) unless -f names a file.
-    #[arg(short = 'f', long = "file", global = true, env = "BERTH_CONFIG")]
+    /// The config file [default: berth.toml]; before the command. `status`, `logs` and `down`
+    /// also work without one (from the state directory) unless -f names a file.
+    #[arg(short = 'f', long = "file", env = "BERTH_CONFIG")]
     pub file: Option<PathBuf>,
 
     /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
@@ -110,11 +120,60 @@ pub enum Command {
     },
     /// Drain and remove the replicas of every proxy (or of PROXY) and their state files.
     ///
-    /// Only containers carrying berth's managed-by label are touched.
+    /// Only containers carrying berth's managed-by label are touched. Without a config file
+    /// (no -f and no ./berth.toml) and without PROXY, down would remove every proxy of the
+    /// state directory: it then says what it would remove and refuses unless --all is given
+    /// (on a terminal it asks instead).
     Down {
         /// Only this proxy.
         proxy: Option<String>,
+        /// Remove every proxy of the state directory even without a config file.
+        #[arg(long, conflicts_with = "proxy")]
+        all: bool,
     },
+    /// Show the replicas' logs, interleaved and prefixed by replica.
+    ///
+    /// With --follow, replicas that start later (a rollout's replacements, a restart) join
+    /// the stream; stop with Ctrl-C.
+    Logs {
+        /// Only this proxy, or one replica slot of it (edge/2).
+        #[arg(value_name = "PROXY[/SLOT]")]
+        target: Option<String>,
+        /// Keep printing new lines, following replicas as they are replaced.
+        #[arg(short = 'f', long)]
+        follow: bool,
+        /// Only lines since then: a duration back from now (10m, 1h30m), a time
+        /// (2025-06-01T12:00:00Z) or Unix seconds.
+        #[arg(long, value_name = "WHEN")]
+        since: Option<String>,
+        /// Only the last N lines of each replica ("all" for every line).
+        #[arg(short = 'n', long, value_name = "N", default_value = "all")]
+        tail: String,
+        /// Show the engine's timestamp of each line.
+        #[arg(short = 't', long)]
+        timestamps: bool,
+        /// Print lines without the replica prefix.
+        #[arg(long)]
+        no_log_prefix: bool,
+    },
+    /// Print a shell completion script: berth completions bash|zsh|fish|elvish|powershell.
+    ///
+    /// bash: berth completions bash > /etc/bash_completion.d/berth;
+    /// zsh: berth completions zsh > "${fpath[1]}/_berth";
+    /// fish: berth completions fish > ~/.config/fish/completions/berth.fish
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Print berth's manual page (roff: berth man | man -l -), or one command's.
+    Man {
+        /// The command whose page to print (berth man up).
+        command: Option<String>,
+        /// Write berth.1 and every berth-COMMAND.1 into this directory instead.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
+
     /// Show one row per replica: state, readiness, image, spec, uptime, connections.
     Status,
     /// Show what `up` would do, without doing it.
@@ -217,7 +276,15 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Validate { no_envoy } => validate(&cli, *no_envoy).await,
         Command::Diff => diff(&cli).await,
         Command::Up { force } => up(&cli, *force).await,
-        Command::Down { proxy } => down(&cli, proxy.as_deref()).await,
+        Command::Down { proxy, all } => down(&cli, proxy.as_deref(), *all).await,
+        Command::Logs { .. } => logs::command(&cli).await,
+        Command::Completions { shell } => {
+            docs::completions(*shell, &mut std::io::stdout());
+            Ok(())
+        }
+        Command::Man { command, dir } => {
+            docs::man(command.as_deref(), dir.as_deref(), &mut std::io::stdout())
+        }
         Command::Status => show_status(&cli).await,
         Command::Serve { .. } => serve(&cli).await,
     }
@@ -675,7 +742,7 @@ async fn scope(cli: &Cli) -> Result<Scope> {
     })
 }
 
-async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()> {
     let Scope {
         config,
         state_path,
@@ -700,6 +767,36 @@ async fn down(cli: &Cli, proxy: Option<&str>) -> Result<()> {
             );
         }
         proxies = BTreeSet::from([p.to_string()]);
+    }
+    let removal: down_guard::Removal = proxies
+        .iter()
+        .map(|p| {
+            let n = observed
+                .iter()
+                .filter(|c| c.proxy() == Some(p.as_str()))
+                .count();
+            (p.clone(), n)
+        })
+        .collect();
+    let ask = down_guard::Ask {
+        has_config: config.is_some(),
+        proxy_named: proxy.is_some(),
+        all,
+        interactive: std::io::stdin().is_terminal() && std::io::stderr().is_terminal(),
+        state_dir: &state_path,
+    };
+    match down_guard::decide(ask, &removal) {
+        down_guard::Decision::Proceed => {}
+        down_guard::Decision::Refuse(why) => return Err(BadInput(why).into()),
+        down_guard::Decision::Ask(question) => {
+            if !down_guard::confirm(
+                &question,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stderr(),
+            ) {
+                return Err(BadInput("not confirmed".into()).into());
+            }
+        }
     }
     let reporter = reporter(cli);
     let rollout = Rollout {
