@@ -6,8 +6,9 @@
 //! into an [`EgProxy`] with [`crate::source::eg`], rejects bad input with `InvalidArgument`
 //! before anything is applied, and hands good input to an [`Infrastructure`], the seam behind
 //! which berth's rollout converges the proxy. Calls for one proxy are serialized: one rollout
-//! per proxy at a time. berth runs no rate-limit service, so those two RPCs answer
-//! `Unimplemented`.
+//! per proxy at a time. berth runs no rate-limit service: `DeleteRateLimitInfra` (which EG
+//! sends at every start when rate limiting is off) succeeds, `CreateOrUpdateRateLimitInfra`
+//! answers `FailedPrecondition` saying what to do instead.
 //!
 //! The service listens on a Unix socket (mode 0600; EG connects without TLS, as it does for any
 //! UDS) or on TCP ([`Listen`]).
@@ -36,9 +37,12 @@ use pb::envoy_gateway_remote_infrastructure_provider_server::{
     EnvoyGatewayRemoteInfrastructureProvider, EnvoyGatewayRemoteInfrastructureProviderServer,
 };
 
-/// What the rate-limit RPCs answer.
-pub const RATE_LIMIT_UNIMPLEMENTED: &str = "berth does not run rate-limit infrastructure; run \
-     Envoy's ratelimit service yourself and point Envoy Gateway's rateLimit backend at it";
+/// What `CreateOrUpdateRateLimitInfra` answers (`FailedPrecondition`, which Envoy Gateway
+/// logs as the reason its rate-limit infrastructure is missing).
+pub const RATE_LIMIT_UNSUPPORTED: &str = "berth does not run Envoy Gateway's rate-limit \
+     infrastructure (the envoyproxy/ratelimit deployment and the Redis it needs): run them \
+     yourself and point EnvoyGateway rateLimit.backend at that Redis, or remove rateLimit from \
+     the EnvoyGateway configuration";
 
 /// The seam to berth's rollout: what the service does with a valid request.
 #[tonic::async_trait]
@@ -133,8 +137,12 @@ fn proxy_of(infra: Option<pb::Infra>) -> Result<pb::ProxyInfra, Status> {
 
 /// Converts the protobuf `ProxyInfra` to the parts [`eg::from_proto_parts`] maps.
 pub fn proxy_parts(p: pb::ProxyInfra) -> eg::ProxyParts {
-    let (labels, annotations) = match p.metadata {
-        Some(m) => (sorted(m.labels), sorted(m.annotations)),
+    let (labels, annotations, owner_kind) = match p.metadata {
+        Some(m) => (
+            sorted(m.labels),
+            sorted(m.annotations),
+            m.owner_reference.map(|o| o.kind).filter(|k| !k.is_empty()),
+        ),
         None => Default::default(),
     };
     eg::ProxyParts {
@@ -162,6 +170,7 @@ pub fn proxy_parts(p: pb::ProxyInfra) -> eg::ProxyParts {
             })
             .collect(),
         addresses: p.addresses,
+        owner_kind,
     }
 }
 
@@ -211,7 +220,12 @@ impl<I: Infrastructure> EnvoyGatewayRemoteInfrastructureProvider for RemoteInfra
                 "infra.proxy.name: must not be empty",
             ));
         }
-        let eg_name = proxy.name;
+        let owner_kind = proxy
+            .metadata
+            .as_ref()
+            .and_then(|m| m.owner_reference.as_ref())
+            .map(|o| o.kind.as_str());
+        let eg_name = eg::ir_key(&proxy.name, &proxy.namespace, owner_kind);
         let berth_name = eg::berth_name(&eg_name);
         tracing::info!(proxy = %eg_name, berth_name = %berth_name, "DeleteProxyInfra");
         let infra = self.infra.clone();
@@ -226,14 +240,17 @@ impl<I: Infrastructure> EnvoyGatewayRemoteInfrastructureProvider for RemoteInfra
         &self,
         _request: Request<pb::CreateOrUpdateRateLimitInfraRequest>,
     ) -> Result<Response<pb::CreateOrUpdateRateLimitInfraResponse>, Status> {
-        Err(Status::unimplemented(RATE_LIMIT_UNIMPLEMENTED))
+        tracing::warn!("CreateOrUpdateRateLimitInfra refused: {RATE_LIMIT_UNSUPPORTED}");
+        Err(Status::failed_precondition(RATE_LIMIT_UNSUPPORTED))
     }
 
+    /// Envoy Gateway calls this at every start when rate limiting is off: berth runs no
+    /// rate-limit infrastructure, so there is nothing to delete, and deleting nothing succeeds.
     async fn delete_rate_limit_infra(
         &self,
         _request: Request<pb::DeleteRateLimitInfraRequest>,
     ) -> Result<Response<pb::DeleteRateLimitInfraResponse>, Status> {
-        Err(Status::unimplemented(RATE_LIMIT_UNIMPLEMENTED))
+        Ok(Response::new(pb::DeleteRateLimitInfraResponse {}))
     }
 }
 

@@ -115,7 +115,8 @@ pub struct EnvoyProxy {
     pub resources: Resources,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
-    /// Envoy worker threads; `None` means max(1, host CPUs / replicas).
+    /// Envoy worker threads (`--concurrency`); `None` means max(1, host CPUs / replicas).
+    /// Envoy runs one worker for 0, as it does under Envoy Gateway.
     #[serde(default)]
     pub concurrency: Option<u32>,
     #[serde(default)]
@@ -187,15 +188,22 @@ impl LogLevel {
     }
 }
 
+/// EG's `shutdown`: how a retiring replica drains.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Shutdown {
-    /// Envoy's `--drain-time-s`: how long listeners drain when told to.
+    /// The drain window: Envoy's `--drain-time-s`, and the longest a retiring replica is
+    /// drained before it is removed with whatever connections it still has.
     #[serde(with = "humantime_serde")]
     pub drain_timeout: Duration,
     /// The least time a retiring replica drains, even when its connections reach 0 sooner.
     #[serde(with = "humantime_serde")]
     pub min_drain_duration: Duration,
+    /// How long a retiring replica keeps passing health checks after its drain began (EG's
+    /// `healthCheckFailureDelay`): `/healthcheck/fail` is sent this long after
+    /// `/drain_listeners?graceful`, for load balancers that probe the replica.
+    #[serde(default, with = "humantime_serde")]
+    pub health_check_failure_delay: Duration,
 }
 
 impl Default for Shutdown {
@@ -205,6 +213,7 @@ impl Default for Shutdown {
         Shutdown {
             drain_timeout: Duration::from_secs(60),
             min_drain_duration: Duration::from_secs(1),
+            health_check_failure_delay: Duration::ZERO,
         }
     }
 }
@@ -236,9 +245,6 @@ pub struct RolloutPolicy {
     /// How long a new replica must stay ready before the old one is retired.
     #[serde(with = "humantime_serde")]
     pub min_ready: Duration,
-    /// The longest berth waits for a retiring replica's connections to reach 0.
-    #[serde(with = "humantime_serde")]
-    pub drain_timeout: Duration,
     pub on_failure: OnFailure,
 }
 
@@ -247,7 +253,6 @@ impl Default for RolloutPolicy {
         RolloutPolicy {
             startup_deadline: Duration::from_secs(30),
             min_ready: Duration::from_secs(2),
-            drain_timeout: Duration::from_secs(15),
             on_failure: OnFailure::Rollback,
         }
     }

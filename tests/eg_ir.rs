@@ -69,7 +69,7 @@ fn golden() {
 }
 
 #[test]
-fn egctl_output_maps_replicas_env_and_requests() {
+fn egctl_output_maps_replicas_and_env_and_requests_cap_nothing() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden_eg/egctl-envoyproxy-valid");
     let p = eg::parse_ir(&input(&dir), &xds()).unwrap();
     assert_eq!(p.len(), 1);
@@ -78,8 +78,10 @@ fn egctl_output_maps_replicas_env_and_requests() {
     assert_eq!(c.replicas, 2);
     assert_eq!(c.image, "envoyproxy/envoy:distroless-dev");
     assert_eq!(c.env["env_a"], "env_a_value");
-    assert_eq!(c.resources.cpus, Some(0.1));
-    assert_eq!(c.resources.memory, Some(512 << 20));
+    // Its container asks for requests (100m, 512Mi) and sets no limits: nothing is capped,
+    // as in EG's Deployment.
+    assert_eq!(c.resources.cpus, None);
+    assert_eq!(c.resources.memory, None);
     assert_eq!(p[0].proxy.listeners[0].name, "envoy-gateway/gateway-1/http");
     assert_eq!(p[0].proxy.host_ports(), vec![10080]);
 }

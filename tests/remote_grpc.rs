@@ -339,21 +339,22 @@ async fn tcp_bad_input_is_invalid_argument_and_reaches_nothing() {
 }
 
 #[tokio::test]
-async fn rate_limit_rpcs_are_unimplemented_with_a_reason() {
+async fn rate_limit_delete_succeeds_and_create_is_a_clear_failed_precondition() {
     let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
     let mut client = tcp_client(addr.unwrap()).await;
+    // EG calls this at every start when rate limiting is off: deleting nothing succeeds.
+    client
+        .delete_rate_limit_infra(pb::DeleteRateLimitInfraRequest {})
+        .await
+        .unwrap();
     let s = client
         .create_or_update_rate_limit_infra(pb::CreateOrUpdateRateLimitInfraRequest {})
         .await
         .unwrap_err();
-    assert_eq!(s.code(), Code::Unimplemented);
-    assert!(s.message().contains("rate-limit"), "{}", s.message());
-    let s = client
-        .delete_rate_limit_infra(pb::DeleteRateLimitInfraRequest {})
-        .await
-        .unwrap_err();
-    assert_eq!(s.code(), Code::Unimplemented);
-    assert_eq!(s.message(), eg_provider::RATE_LIMIT_UNIMPLEMENTED);
+    assert_eq!(s.code(), Code::FailedPrecondition);
+    assert_eq!(s.message(), eg_provider::RATE_LIMIT_UNSUPPORTED);
+    assert!(s.message().contains("rateLimit"), "{}", s.message());
+    assert!(server.fake.calls().is_empty());
     server.stop().await;
 }
 

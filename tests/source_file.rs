@@ -162,6 +162,7 @@ fn multi_maps_every_section() {
         Shutdown {
             drain_timeout: Duration::from_secs(30),
             min_drain_duration: Duration::from_secs(5),
+            health_check_failure_delay: Duration::ZERO,
         }
     );
     assert_eq!(
@@ -169,7 +170,6 @@ fn multi_maps_every_section() {
         RolloutPolicy {
             startup_deadline: Duration::from_secs(45),
             min_ready: Duration::from_secs(3),
-            drain_timeout: Duration::from_secs(20),
             on_failure: OnFailure::Pause,
         }
     );

@@ -271,11 +271,12 @@ pub fn replica_name(proxy: &str, slot: u32, spec_hash: &str) -> String {
     format!("berth-{proxy}-{slot}-{prefix}")
 }
 
-/// Envoy's worker threads for one replica: the configured `concurrency`, or else
+/// Envoy's `--concurrency` for one replica: the configured value as given (Envoy runs one
+/// worker for 0, as under Envoy Gateway, which passes 0 through), or else
 /// max(1, host CPUs / replicas) so that the replicas together use the host's CPUs once.
 pub fn concurrency(config: &ir::EnvoyProxy, host_cpus: u32) -> u32 {
     match config.concurrency {
-        Some(n) => n.max(1),
+        Some(n) => n,
         None => (host_cpus / config.replicas.max(1)).max(1),
     }
 }

@@ -154,7 +154,7 @@ impl Rollout<'_> {
             if matches!(self.engine.state(&id).await, Ok(Some(RunState::Running))) {
                 let admin = Admin::new(self.state.proxy(proxy).admin_socket(name));
                 let shutdown = Shutdown::default();
-                let _ = drain(&admin, &shutdown, policy, self.reporter, proxy, name).await;
+                let _ = drain(&admin, &shutdown, self.reporter, proxy, name).await;
                 let _ = self.engine.stop(&id, STOP_TIMEOUT).await;
             }
             f.log_tail = self

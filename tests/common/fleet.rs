@@ -100,10 +100,12 @@ concurrency = 1
 [proxy.resources]
 memory = "256Mi"
 
+[proxy.shutdown]
+drain_timeout = "10s"
+
 [proxy.rollout]
 startup_deadline = "20s"
 min_ready = "{min_ready}"
-drain_timeout = "10s"
 on_failure = "{on_failure}"
 
 [[proxy.listener]]

@@ -192,9 +192,9 @@ replicas = {replicas}
 
 [proxy.rollout]
 min_ready = "{min_ready}"
-drain_timeout = "5s"
 
 [proxy.shutdown]
+drain_timeout = "5s"
 min_drain_duration = "0s"
 
 [[proxy.listener]]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use super::node::{log_ignored, Node};
 use super::units::{cpu_quantity, duration, memory_quantity};
-use super::{EgError, Result, DEFAULT_IMAGE, DEFAULT_IMAGE_TAG};
+use super::{default_image_tag, EgError, Result, DEFAULT_IMAGE};
 use crate::ir;
 
 /// Maps the EnvoyProxy resource (the full `{apiVersion, kind, metadata, spec}` or just its
@@ -61,16 +61,9 @@ pub(super) fn envoy_proxy(at: Node<'_>) -> Result<ir::EnvoyProxy> {
         if n < 0 {
             return Err(EgError::new(at, format!("must be ≥ 0, got {n}")));
         }
-        // EG passes 0 through to Envoy, which treats it as "one worker per hardware thread";
-        // berth's `None` (host CPUs / replicas) is the faithful equivalent on a shared host.
-        out.concurrency = match u32::try_from(n) {
-            Ok(0) => None,
-            Ok(n) => Some(n),
-            Err(_) => return Err(EgError::new(at, format!("too large: {n}"))),
-        };
-    }
-    for a in spec.opt_array("extraArgs")? {
-        out.extra_args.push(a.str()?.to_string());
+        // Passed through as EG does: Envoy runs one worker for `--concurrency 0`.
+        out.concurrency =
+            Some(u32::try_from(n).map_err(|_| EgError::new(at, format!("too large: {n}")))?);
     }
     if let Some(logging) = spec.get("logging") {
         log_ignored(&logging, logging.object()?, &["level"]);
@@ -88,17 +81,27 @@ pub(super) fn envoy_proxy(at: Node<'_>) -> Result<ir::EnvoyProxy> {
             }
         }
     }
+    // After `concurrency` and `logging`: whether a flag in extraArgs repeats one EG sets
+    // depends on them.
+    extra_args(&spec.opt_array("extraArgs")?, &mut out)?;
     if let Some(shutdown) = spec.get("shutdown") {
         log_ignored(
             &shutdown,
             shutdown.object()?,
-            &["drainTimeout", "minDrainDuration"],
+            &[
+                "drainTimeout",
+                "minDrainDuration",
+                "healthCheckFailureDelay",
+            ],
         );
         if let Some(d) = shutdown.get("drainTimeout") {
             out.shutdown.drain_timeout = duration(&d)?;
         }
         if let Some(d) = shutdown.get("minDrainDuration") {
             out.shutdown.min_drain_duration = duration(&d)?;
+        }
+        if let Some(d) = shutdown.get("healthCheckFailureDelay") {
+            out.shutdown.health_check_failure_delay = duration(&d)?;
         }
     }
     if let Some(bootstrap) = spec.get("bootstrap") {
@@ -182,7 +185,7 @@ fn provider_settings(provider: Node<'_>, out: &mut ir::EnvoyProxy) -> Result<()>
                     "must not be empty",
                 ));
             }
-            out.image = format!("{repo}:{DEFAULT_IMAGE_TAG}");
+            out.image = format!("{repo}:{}", default_image_tag());
         }
         (None, None) => {}
     }
@@ -205,24 +208,122 @@ fn provider_settings(provider: Node<'_>, out: &mut ir::EnvoyProxy) -> Result<()>
     }
     if let Some(res) = container.get("resources") {
         log_ignored(&res, res.object()?, &["limits", "requests"]);
-        let limits = res.get("limits");
-        let requests = res.get("requests");
-        for side in [&limits, &requests].into_iter().flatten() {
-            log_ignored(side, side.object()?, &["cpu", "memory"]);
+        // As EG's Deployment: limits cap the container (CPU quota, memory limit, and so the
+        // heap cap); requests only reserve capacity for a scheduler, which one host does not
+        // have, so they cap nothing.
+        if let Some(requests) = res.get("requests") {
+            requests.object()?;
+            tracing::debug!(
+                field = %requests.path,
+                "resources.requests reserve nothing on one host and cap nothing; limits cap"
+            );
         }
-        // Docker has limits only: a limit wins, a request stands in for a missing one.
-        let pick = |key: &str| {
-            limits
-                .as_ref()
-                .and_then(|l| l.get(key))
-                .or_else(|| requests.as_ref().and_then(|r| r.get(key)))
+        if let Some(limits) = res.get("limits") {
+            log_ignored(&limits, limits.object()?, &["cpu", "memory"]);
+            if let Some(cpu) = limits.get("cpu") {
+                out.resources.cpus = Some(cpu_quantity(&cpu)?);
+            }
+            if let Some(mem) = limits.get("memory") {
+                out.resources.memory = Some(memory_quantity(&mem)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Envoy flags Envoy Gateway always passes (`BuildProxyArgs`), or berth passes in their place.
+/// Envoy parses its command line with TCLAP, which exits at start ("Argument already set!")
+/// when a flag is repeated, so an EnvoyProxy that repeats one in `extraArgs` does not run
+/// under EG either: berth refuses it at input, naming the item, before anything starts.
+const FLAGS_EG_SETS: &[(&str, &str)] = &[
+    (
+        "--service-cluster",
+        "Envoy Gateway sets it to the proxy's IR key",
+    ),
+    ("--service-node", "it is set to each replica's own name"),
+    ("--config-yaml", "the bootstrap comes from spec.bootstrap"),
+    ("-c", "the bootstrap comes from spec.bootstrap"),
+    ("--config-path", "the bootstrap comes from spec.bootstrap"),
+    ("--log-level", "use spec.logging.level.default"),
+    ("-l", "use spec.logging.level.default"),
+    ("--cpuset-threads", "Envoy Gateway always sets it"),
+    ("--drain-strategy", "Envoy Gateway sets it to immediate"),
+    ("--drain-time-s", "use spec.shutdown.drainTimeout"),
+    ("--mode", "replicas run in serve mode"),
+    (
+        "--restart-epoch",
+        "replicas run with --disable-hot-restart (they share one host)",
+    ),
+    (
+        "--base-id",
+        "replicas run with --disable-hot-restart (they share one host)",
+    ),
+    (
+        "--use-dynamic-base-id",
+        "replicas run with --disable-hot-restart (they share one host)",
+    ),
+];
+
+/// Maps `spec.extraArgs`. A flag EG sets only from another field is the user's to set when
+/// that field is unset, exactly as under EG: `--concurrency N` becomes the proxy's concurrency
+/// (berth then passes no worker count of its own), `--component-log-level` stays as given
+/// (berth passes none unless `logging.level` names components). `--disable-hot-restart`,
+/// which berth always passes, is dropped as a duplicate.
+fn extra_args(items: &[Node<'_>], out: &mut ir::EnvoyProxy) -> Result<()> {
+    let mut i = 0;
+    while i < items.len() {
+        let at = &items[i];
+        let arg = at.str()?;
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with('-') => (f, Some(v)),
+            _ => (arg, None),
         };
-        if let Some(cpu) = pick("cpu") {
-            out.resources.cpus = Some(cpu_quantity(&cpu)?);
+        if let Some((_, why)) = FLAGS_EG_SETS.iter().find(|(f, _)| *f == flag) {
+            return Err(at.err(format!(
+                "{flag} cannot be given here: {why} (Envoy exits at start when a flag is \
+                 repeated: \"Argument already set!\")"
+            )));
         }
-        if let Some(mem) = pick("memory") {
-            out.resources.memory = Some(memory_quantity(&mem)?);
+        match flag {
+            "--concurrency" => {
+                let (value, used) = match inline {
+                    Some(v) => (v.to_string(), 1),
+                    None => match items.get(i + 1) {
+                        Some(next) => (next.str()?.to_string(), 2),
+                        None => return Err(at.err("--concurrency needs a value")),
+                    },
+                };
+                if out.concurrency.is_some() {
+                    return Err(at.err(
+                        "--concurrency repeats spec.concurrency, which Envoy Gateway passes as \
+                         --concurrency (Envoy exits at start: \"Argument already set!\"); set \
+                         one of them",
+                    ));
+                }
+                let n: u32 = value.trim().parse().map_err(|_| {
+                    at.err(format!(
+                        "--concurrency needs a number of worker threads, got {value:?}"
+                    ))
+                })?;
+                out.concurrency = Some(n);
+                i += used;
+                continue;
+            }
+            "--component-log-level" if out.logging.component_levels().next().is_some() => {
+                return Err(at.err(
+                    "--component-log-level repeats spec.logging.level, whose components \
+                     Envoy Gateway passes as --component-log-level (Envoy exits at start: \
+                     \"Argument already set!\"); set one of them",
+                ));
+            }
+            "--disable-hot-restart" => {
+                i += 1;
+                continue;
+            }
+            _ => {}
         }
+        out.extra_args.push(arg.to_string());
+        i += 1;
     }
     Ok(())
 }

@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::envoyproxy::envoy_proxy;
 use super::node::{join, log_ignored, Node};
-use super::{berth_name, EgError, EgProxy, Result, XdsDefaults};
+use super::{berth_name, ir_key, EgError, EgProxy, Result, XdsDefaults};
 use crate::ir;
 
 /// A ProxyInfra with its structure checked but its values not yet validated.
@@ -17,6 +17,8 @@ pub(super) struct RawProxy {
     pub(super) annotations: BTreeMap<String, String>,
     pub(super) listeners: Vec<RawListener>,
     pub(super) addresses: Vec<String>,
+    /// `metadata.ownerReference.kind`: "Gateway" in EG's gateway-namespace mode.
+    pub(super) owner_kind: Option<String>,
 }
 
 pub(super) struct RawListener {
@@ -63,11 +65,16 @@ pub(super) fn proxy_from_value(
         }
     }
     let (mut labels, mut annotations) = (BTreeMap::new(), BTreeMap::new());
+    let mut owner_kind = None;
     if let Some(meta) = at.get("metadata") {
         let obj = meta.object()?;
-        log_ignored(&meta, obj, &["labels", "annotations"]);
+        log_ignored(&meta, obj, &["labels", "annotations", "ownerReference"]);
         labels = meta.string_map("labels")?;
         annotations = meta.string_map("annotations")?;
+        if let Some(owner) = meta.get("ownerReference") {
+            owner.object()?;
+            owner_kind = owner.opt_str("kind")?.map(str::to_string);
+        }
     }
     let mut listeners = Vec::new();
     for l in at.opt_array("listeners")? {
@@ -105,6 +112,7 @@ pub(super) fn proxy_from_value(
         annotations,
         listeners,
         addresses,
+        owner_kind,
     };
     let config_path = join(&at.path, "config");
     let config = at.get("config").map(|n| n.value).unwrap_or(&Value::Null);
@@ -127,22 +135,23 @@ pub(super) fn build(
         .map(|(i, l)| listener(l, &format!("{}[{i}]", join(path, "listeners"))))
         .collect::<Result<Vec<_>>>()?;
     let config = envoy_proxy(config)?;
+    let key = ir_key(&raw.name, &raw.namespace, raw.owner_kind.as_deref());
     let proxy = ir::ProxyInfra {
         metadata: ir::InfraMetadata {
             labels: raw.labels,
             annotations: raw.annotations,
         },
-        name: berth_name(&raw.name),
+        name: berth_name(&key),
         namespace: raw.namespace,
         config,
         listeners,
         addresses: raw.addresses,
         rollout: ir::RolloutPolicy::default(),
         routing: ir::Routing::Xds(xds.server()),
-        service_cluster: Some(raw.name.clone()),
+        service_cluster: Some(key.clone()),
     };
     Ok(EgProxy {
-        eg_name: raw.name,
+        eg_name: key,
         proxy,
     })
 }

@@ -36,13 +36,21 @@ use node::{join, kind, log_ignored, parse_document, Node};
 
 pub use units::{parse_go_duration, parse_quantity};
 
-/// The image EG runs when an EnvoyProxy names none: EG's `DefaultEnvoyProxyImage` on its main
-/// branch (`api/v1alpha1/shared_types.go`). EG release branches pin a versioned tag instead;
-/// set `container.image` in the EnvoyProxy to choose one.
-pub const DEFAULT_IMAGE: &str = "docker.io/envoyproxy/envoy:distroless-dev";
+/// The Envoy Gateway release whose behaviour berth follows: the first with the remote
+/// infrastructure provider.
+pub const EG_RELEASE: &str = "v1.9.0";
 
-/// The tag EG appends to `container.imageRepository` (the tag of [`DEFAULT_IMAGE`]).
-pub const DEFAULT_IMAGE_TAG: &str = "distroless-dev";
+/// The image Envoy Gateway [`EG_RELEASE`] runs when an EnvoyProxy names none
+/// (`DefaultEnvoyProxyImage`, `api/v1alpha1/shared_types.go`). Move it with [`EG_RELEASE`];
+/// `container.imageRepository` gets its tag ([`default_image_tag`]).
+pub const DEFAULT_IMAGE: &str = "docker.io/envoyproxy/envoy:distroless-v1.39.0";
+
+/// The tag of [`DEFAULT_IMAGE`], which EG appends to `container.imageRepository`.
+pub fn default_image_tag() -> &'static str {
+    DEFAULT_IMAGE
+        .rsplit_once(':')
+        .map_or(DEFAULT_IMAGE, |(_, tag)| tag)
+}
 
 /// EG's xDS server port.
 pub const DEFAULT_XDS_PORT: u16 = 18000;
@@ -172,6 +180,18 @@ pub fn berth_name(eg_name: &str) -> String {
     }
 }
 
+/// The key Envoy Gateway serves a proxy's xDS snapshot under, which is also the proxy's
+/// `--service-cluster`: the IR `name`, or in EG's gateway-namespace mode (the IR's owner is the
+/// Gateway itself, and its name is the bare gateway name) `<namespace>/<name>`, as EG's
+/// `BuildProxyArgs` does.
+pub fn ir_key(name: &str, namespace: &str, owner_kind: Option<&str>) -> String {
+    if owner_kind == Some("Gateway") && !namespace.is_empty() && !name.contains('/') {
+        format!("{namespace}/{name}")
+    } else {
+        name.to_string()
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Entry points
 
@@ -242,6 +262,8 @@ pub struct ProxyParts {
     pub config_json: Vec<u8>,
     pub listeners: Vec<ListenerParts>,
     pub addresses: Vec<String>,
+    /// `metadata.owner_reference.kind` ("Gateway" in gateway-namespace mode).
+    pub owner_kind: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -295,6 +317,7 @@ pub fn from_proto_parts(parts: ProxyParts, path: &str, xds: &XdsDefaults) -> Res
         annotations: parts.annotations,
         listeners,
         addresses: parts.addresses,
+        owner_kind: parts.owner_kind,
     };
     build(raw, Node::root(&config, &config_path), path, xds)
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::ir;
+use std::time::Duration;
 
 fn xds() -> XdsDefaults {
     XdsDefaults {
@@ -88,22 +89,159 @@ fn image_repository_gets_default_tag() {
     .unwrap();
     assert_eq!(
         p[0].proxy.config.image,
-        "registry.local/envoy:distroless-dev"
+        "registry.local/envoy:distroless-v1.39.0"
     );
 }
 
 #[test]
-fn requests_stand_in_for_missing_limits() {
+fn limits_cap_and_requests_never_do() {
+    let resources = |r: &str| {
+        let p = parse_ir(
+            &with_config(&format!(
+                r#"{{"spec":{{"provider":{{"kubernetes":{{"envoyDeployment":{{"container":{{"resources":{r}}}}}}}}}}}}}"#
+            )),
+            &xds(),
+        )
+        .unwrap();
+        p[0].proxy.config.resources.clone()
+    };
+    let r = resources(r#"{"limits":{"memory":"1Gi"},"requests":{"cpu":"250m","memory":"512Mi"}}"#);
+    assert_eq!(r.memory, Some(1 << 30));
+    assert_eq!(r.cpus, None, "a CPU request is no CPU limit");
+    // EG's default requests (100m, 512Mi) alone: no quota, no memory limit, no heap cap.
+    let r = resources(r#"{"requests":{"cpu":"100m","memory":"512Mi"}}"#);
+    assert_eq!(r, ir::Resources::default());
+    let r = resources(r#"{"limits":{"cpu":"2","memory":"2G"}}"#);
+    assert_eq!((r.cpus, r.memory), (Some(2.0), Some(2_000_000_000)));
+}
+
+#[test]
+fn default_image_follows_the_eg_release() {
+    assert_eq!(EG_RELEASE, "v1.9.0");
+    assert_eq!(
+        DEFAULT_IMAGE,
+        "docker.io/envoyproxy/envoy:distroless-v1.39.0"
+    );
+    assert_eq!(default_image_tag(), "distroless-v1.39.0");
+}
+
+#[test]
+fn concurrency_zero_is_passed_through_as_eg_does() {
+    let p = parse_ir(&with_config(r#"{"spec":{"concurrency":0}}"#), &xds()).unwrap();
+    assert_eq!(p[0].proxy.config.concurrency, Some(0));
+}
+
+fn extra(args: &str, spec_more: &str) -> Result<ir::EnvoyProxy, String> {
+    parse_ir(
+        &with_config(&format!(r#"{{"spec":{{"extraArgs":{args}{spec_more}}}}}"#)),
+        &xds(),
+    )
+    .map(|p| p[0].proxy.config.clone())
+    .map_err(|e| e.to_string())
+}
+
+#[test]
+fn extra_args_that_eg_allows_win_over_berth_defaults() {
+    // EG passes no --concurrency without spec.concurrency: the user's value is the one.
+    let c = extra(r#"["--concurrency","4","--enable-core-dump"]"#, "").unwrap();
+    assert_eq!(c.concurrency, Some(4));
+    assert_eq!(c.extra_args, vec!["--enable-core-dump"]);
+    let c = extra(r#"["--concurrency=3"]"#, "").unwrap();
+    assert_eq!(c.concurrency, Some(3));
+    assert!(c.extra_args.is_empty());
+    // berth always passes --disable-hot-restart: a duplicate is dropped.
+    let c = extra(r#"["--disable-hot-restart","-l","x"]"#, "");
+    assert!(c.is_err());
+    let c = extra(r#"["--disable-hot-restart"]"#, "").unwrap();
+    assert!(c.extra_args.is_empty());
+    // --component-log-level is the user's when logging names no component.
+    let c = extra(r#"["--component-log-level","upstream:debug"]"#, "").unwrap();
+    assert_eq!(
+        c.extra_args,
+        vec!["--component-log-level", "upstream:debug"]
+    );
+}
+
+#[test]
+fn extra_args_that_repeat_a_flag_eg_sets_are_refused_with_their_path() {
+    for (args, more, at, needle) in [
+        (
+            r#"["--log-level","debug"]"#,
+            "",
+            0,
+            "--log-level cannot be given here",
+        ),
+        (
+            r#"["--foo","--drain-time-s=5"]"#,
+            "",
+            1,
+            "--drain-time-s cannot",
+        ),
+        (
+            r#"["--service-cluster","x"]"#,
+            "",
+            0,
+            "--service-cluster cannot",
+        ),
+        (r#"["--cpuset-threads"]"#, "", 0, "--cpuset-threads cannot"),
+        (r#"["--base-id","3"]"#, "", 0, "--disable-hot-restart"),
+        (
+            r#"["--concurrency","4"]"#,
+            r#","concurrency":2"#,
+            0,
+            "repeats spec.concurrency",
+        ),
+        (r#"["--concurrency","four"]"#, "", 0, "needs a number"),
+        (r#"["--concurrency"]"#, "", 0, "needs a value"),
+        (
+            r#"["--component-log-level","http:info"]"#,
+            r#","logging":{"level":{"upstream":"debug"}}"#,
+            0,
+            "repeats spec.logging.level",
+        ),
+    ] {
+        let e = extra(args, more).unwrap_err();
+        let want = format!("proxy.config.spec.extraArgs[{at}]: ");
+        assert!(e.starts_with(&want) && e.contains(needle), "{args}: {e}");
+    }
+}
+
+#[test]
+fn gateway_namespace_mode_serves_namespace_slash_name() {
     let p = parse_ir(
-        &with_config(
-            r#"{"spec":{"provider":{"kubernetes":{"envoyDeployment":{"container":{"resources":{"limits":{"memory":"1Gi"},"requests":{"cpu":"250m","memory":"512Mi"}}}}}}}}"#,
+        &format!(
+            r#"{{"proxy":{{"name":"gw","namespace":"team-a","metadata":{{"ownerReference":{{"kind":"Gateway","name":"gw"}}}},{LISTENER}}}}}"#
         ),
         &xds(),
     )
     .unwrap();
-    let r = &p[0].proxy.config.resources;
-    assert_eq!(r.memory, Some(1 << 30));
-    assert_eq!(r.cpus, Some(0.25));
+    assert_eq!(p[0].eg_name, "team-a/gw");
+    assert_eq!(p[0].proxy.service_cluster(), "team-a/gw");
+    assert_eq!(p[0].proxy.name, berth_name("team-a/gw"));
+    // The usual mode: the name is the key.
+    let p = parse_ir(
+        &format!(
+            r#"{{"proxy":{{"name":"ns/gw","namespace":"envoy-gateway-system","metadata":{{"ownerReference":{{"kind":"GatewayClass","name":"eg"}}}},{LISTENER}}}}}"#
+        ),
+        &xds(),
+    )
+    .unwrap();
+    assert_eq!(p[0].proxy.service_cluster(), "ns/gw");
+}
+
+#[test]
+fn shutdown_settings_are_eg_s() {
+    let p = parse_ir(
+        &with_config(
+            r#"{"spec":{"shutdown":{"drainTimeout":"90s","minDrainDuration":"20s","healthCheckFailureDelay":"5s"}}}"#,
+        ),
+        &xds(),
+    )
+    .unwrap();
+    let s = &p[0].proxy.config.shutdown;
+    assert_eq!(s.drain_timeout, Duration::from_secs(90));
+    assert_eq!(s.min_drain_duration, Duration::from_secs(20));
+    assert_eq!(s.health_check_failure_delay, Duration::from_secs(5));
 }
 
 #[test]

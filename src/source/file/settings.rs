@@ -227,11 +227,23 @@ pub(super) fn extra_args(cx: &mut Ctx, p: &Tbl) -> Vec<String> {
 
 pub(super) fn shutdown(cx: &mut Ctx, p: &Tbl) -> ir::Shutdown {
     let d = ir::Shutdown::default();
-    let Some(t) = p.sub(cx, "shutdown", &["drain_timeout", "min_drain_duration"]) else {
+    let keys = [
+        "drain_timeout",
+        "min_drain_duration",
+        "health_check_failure_delay",
+    ];
+    let Some(t) = p.sub(cx, "shutdown", &keys) else {
         return d;
     };
     let drain_timeout = duration(cx, &t, "drain_timeout", d.drain_timeout, false);
     let min_drain_duration = duration(cx, &t, "min_drain_duration", d.min_drain_duration, true);
+    let health_check_failure_delay = duration(
+        cx,
+        &t,
+        "health_check_failure_delay",
+        d.health_check_failure_delay,
+        true,
+    );
     if min_drain_duration > drain_timeout {
         let span = t
             .get("min_drain_duration")
@@ -249,6 +261,7 @@ pub(super) fn shutdown(cx: &mut Ctx, p: &Tbl) -> ir::Shutdown {
     ir::Shutdown {
         drain_timeout,
         min_drain_duration,
+        health_check_failure_delay,
     }
 }
 
@@ -263,6 +276,14 @@ pub(super) fn rollout(cx: &mut Ctx, p: &Tbl) -> ir::RolloutPolicy {
     let Some(t) = p.sub(cx, "rollout", &keys) else {
         return d;
     };
+    if t.get("drain_timeout").is_some() {
+        cx.err(
+            &t.key_span("drain_timeout"),
+            &t.field("drain_timeout"),
+            "has moved: the drain window of a retiring replica is [proxy.shutdown] drain_timeout \
+             (Envoy Gateway's shutdown.drainTimeout, default 60s); set it there",
+        );
+    }
     let on_failure = match t.str(cx, "on_failure") {
         None => d.on_failure,
         Some(s) => match s.v {
@@ -280,7 +301,6 @@ pub(super) fn rollout(cx: &mut Ctx, p: &Tbl) -> ir::RolloutPolicy {
     ir::RolloutPolicy {
         startup_deadline: duration(cx, &t, "startup_deadline", d.startup_deadline, false),
         min_ready: duration(cx, &t, "min_ready", d.min_ready, true),
-        drain_timeout: duration(cx, &t, "drain_timeout", d.drain_timeout, false),
         on_failure,
     }
 }
