@@ -14,6 +14,7 @@
 //! rendered file is parsed back as YAML before it is returned, so a broken override template
 //! fails here, naming the template.
 
+pub mod descriptors;
 pub mod escape;
 pub mod overrides;
 pub mod validation;
