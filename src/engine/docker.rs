@@ -511,6 +511,32 @@ impl Engine {
         config_path: &str,
         extra_labels: &BTreeMap<String, String>,
     ) -> Result<()> {
+        let args: Vec<String> = [
+            "-c",
+            config_path,
+            "--disable-hot-restart",
+            // An xDS (ADS) bootstrap needs a node id and cluster; replicas get theirs from
+            // --service-node/--service-cluster, so validation must pass some too.
+            "--service-cluster",
+            "berth-validate",
+            "--service-node",
+            "berth-validate",
+        ]
+        .map(String::from)
+        .to_vec();
+        self.validate_with_args(image, mounts, &args, extra_labels)
+            .await
+    }
+
+    /// [`Engine::validate`] with Envoy's arguments as given (after `--mode validate`): those a
+    /// replica runs with, so that a flag Envoy does not accept fails here, not at start.
+    pub async fn validate_with_args(
+        &self,
+        image: &str,
+        mounts: &[Mount],
+        args: &[String],
+        extra_labels: &BTreeMap<String, String>,
+    ) -> Result<()> {
         for m in mounts {
             check_readable_by_replica(&m.source)?;
         }
@@ -540,19 +566,12 @@ impl Engine {
         let body = ContainerCreateBody {
             image: Some(image.into()),
             user: Some(REPLICA_USER.into()),
-            cmd: Some(vec![
-                "--mode".into(),
-                "validate".into(),
-                "-c".into(),
-                config_path.into(),
-                "--disable-hot-restart".into(),
-                // An xDS (ADS) bootstrap needs a node id and cluster; replicas get theirs from
-                // --service-node/--service-cluster, so validation must pass some too.
-                "--service-cluster".into(),
-                "berth-validate".into(),
-                "--service-node".into(),
-                "berth-validate".into(),
-            ]),
+            cmd: Some(
+                ["--mode".to_string(), "validate".to_string()]
+                    .into_iter()
+                    .chain(args.iter().cloned())
+                    .collect(),
+            ),
             labels: Some(labels),
             host_config: Some(host_config),
             ..Default::default()

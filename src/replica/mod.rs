@@ -441,6 +441,29 @@ pub fn desired_proxy(
     }
 }
 
+/// The node name `envoy --mode validate` runs as (a replica runs as its container name).
+pub const VALIDATION_NODE: &str = "berth-validate";
+
+/// Envoy's arguments for `envoy --mode validate` of this spec: exactly a replica's (see
+/// [`ReplicaContainer::new`]), with [`VALIDATION_NODE`] as the node, so that an extra argument
+/// Envoy refuses fails validation instead of the replica's start.
+pub fn validation_args(spec: &ProxySpec) -> Vec<String> {
+    with_service_node(&spec.args, VALIDATION_NODE)
+}
+
+/// `args` with `--service-node <node>` right after `--service-cluster <cluster>`, so the
+/// user's extra arguments stay last.
+fn with_service_node(args: &[String], node: &str) -> Vec<String> {
+    let mut args = args.to_vec();
+    let at = args
+        .iter()
+        .position(|a| a == "--service-cluster")
+        .map(|i| (i + 2).min(args.len()))
+        .unwrap_or(0);
+    args.splice(at..at, ["--service-node".to_string(), node.to_string()]);
+    args
+}
+
 impl ProxySpec {
     /// sha256 (lower-case hex) over a canonical serialization: serde_json of
     /// `{"format": SPEC_FORMAT, "spec": <this spec with mounts, ports and cap_add sorted>}`.
@@ -491,13 +514,7 @@ impl ReplicaContainer {
     ) -> ReplicaContainer {
         let spec = &desired.spec;
 
-        let mut args = spec.args.clone();
-        let at = args
-            .iter()
-            .position(|a| a == "--service-cluster")
-            .map(|i| (i + 2).min(args.len()))
-            .unwrap_or(0);
-        args.splice(at..at, ["--service-node".to_string(), name.to_string()]);
+        let args = with_service_node(&spec.args, name);
 
         let mut mounts = spec.mounts.clone();
         mounts.push(Mount {

@@ -693,3 +693,34 @@ fn run_states_round_trip() {
     }
     assert_eq!(RunState::parse("bogus"), None);
 }
+
+#[test]
+fn validation_runs_with_the_replicas_args() {
+    let mut p = proxy_infra("edge", 2, &[8080]);
+    p.config.extra_args = vec!["--enable-core-dump".into()];
+    let d = desired_of(&p);
+    let replica = ReplicaContainer::new(&d, 0, "berth-edge-0-abc", "sha256:x", Path::new("/s"));
+    let validate = validation_args(&d.spec);
+    let node = |args: &[String]| flag(args, "--service-node").map(str::to_string);
+    assert_eq!(node(&replica.args).as_deref(), Some("berth-edge-0-abc"));
+    assert_eq!(node(&validate).as_deref(), Some(VALIDATION_NODE));
+    let without_node = |args: &[String]| {
+        let mut a = args.to_vec();
+        let i = a.iter().position(|x| x == "--service-node").unwrap();
+        a.drain(i..i + 2);
+        a
+    };
+    assert_eq!(without_node(&replica.args), without_node(&validate));
+    assert_eq!(
+        validate.last().map(String::as_str),
+        Some("--enable-core-dump")
+    );
+}
+
+#[test]
+fn concurrency_zero_is_passed_to_envoy_as_given() {
+    let mut p = proxy_infra("edge", 1, &[8080]);
+    p.config.concurrency = Some(0);
+    let d = desired_of(&p);
+    assert_eq!(flag(&d.spec.args, "--concurrency"), Some("0"));
+}

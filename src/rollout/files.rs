@@ -37,10 +37,10 @@ impl Rollout<'_> {
             read_only: true,
         });
         self.engine
-            .validate(
+            .validate_with_args(
                 &target.desired.spec.image,
                 &mounts,
-                crate::layout::CONTAINER_BOOTSTRAP,
+                &spec::validation_args(&target.desired.spec),
                 &self.extra_labels,
             )
             .await
