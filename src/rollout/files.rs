@@ -40,7 +40,7 @@ impl Rollout<'_> {
             .validate_with_args(
                 &target.desired.spec.image,
                 &mounts,
-                &spec::validation_args(&target.desired.spec),
+                &replica::validation_args(&target.desired.spec),
                 &self.extra_labels,
             )
             .await
