@@ -10,6 +10,7 @@ pub mod eg;
 pub mod fleet;
 pub mod load;
 pub mod serve;
+pub mod xds;
 
 use std::collections::BTreeMap;
 use std::net::TcpListener;
