@@ -11,7 +11,8 @@
 //! answers `FailedPrecondition` saying what to do instead.
 //!
 //! The service listens on a Unix socket (mode 0600; EG connects without TLS, as it does for any
-//! UDS) or on TCP ([`Listen`]).
+//! UDS) or on TCP ([`Listen`]) with TLS, mTLS when a client CA is given ([`Security`]); plain
+//! TCP only with the explicit `remote_plaintext` opt-in.
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
@@ -26,6 +27,7 @@ use futures_util::Stream;
 use tonic::{Request, Response, Status};
 
 use crate::source::eg::{self, EgProxy, XdsDefaults};
+pub use crate::source::remote::{Listen, Security, TlsFiles};
 
 /// Code generated from `proto/remoteinfra/service.proto` (package `envoygateway.remoteinfra`).
 #[allow(clippy::all, clippy::pedantic, missing_docs)]
@@ -257,55 +259,11 @@ impl<I: Infrastructure> EnvoyGatewayRemoteInfrastructureProvider for RemoteInfra
 // ---------------------------------------------------------------------------------------------
 // Listening
 
-/// Where the service listens.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Listen {
-    /// A Unix socket, created with mode 0600 (EG's `remote.service.unix.path`).
-    Unix(PathBuf),
-    /// A TCP address (EG's `remote.service.ip`/`fqdn`). Plain-text gRPC: keep it on loopback or
-    /// a trusted network.
-    Tcp(SocketAddr),
-}
-
-impl Listen {
-    /// Parses `unix:///abs/path`, `unix://rel/path` (relative to `base`) or `tcp://IP:PORT`.
-    pub fn parse(s: &str, base: &Path) -> Result<Listen, String> {
-        let allowed = "must be \"unix:///path/to/socket\" or \"tcp://IP:PORT\" (e.g. \"tcp://127.0.0.1:9478\")";
-        if let Some(path) = s.strip_prefix("unix://") {
-            if path.is_empty() || path.contains('\0') || path.len() > 107 {
-                return Err(format!(
-                    "{allowed}; a Unix socket path is 1–107 bytes, got {s:?}"
-                ));
-            }
-            let path = Path::new(path);
-            return Ok(Listen::Unix(if path.is_absolute() {
-                path.to_path_buf()
-            } else {
-                base.join(path)
-            }));
-        }
-        if let Some(addr) = s.strip_prefix("tcp://") {
-            return addr.parse().map(Listen::Tcp).map_err(|_| {
-                format!("{allowed}; the TCP address must be an IP literal with a port, got {s:?}")
-            });
-        }
-        Err(format!("{allowed}; got {s:?}"))
-    }
-}
-
-impl std::fmt::Display for Listen {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Listen::Unix(p) => write!(f, "unix://{}", p.display()),
-            Listen::Tcp(a) => write!(f, "tcp://{a}"),
-        }
-    }
-}
-
 /// A bound listener, not yet serving. Binding first lets a caller learn the port of
 /// `Listen::Tcp(127.0.0.1:0)` and report bind errors before anything else starts.
 pub struct Bound {
     inner: BoundInner,
+    tls: Option<tonic::transport::ServerTlsConfig>,
 }
 
 enum BoundInner {
@@ -317,8 +275,30 @@ enum BoundInner {
 }
 
 /// Binds `listen`. For a Unix socket: refuses a path where another process is serving, removes a
-/// stale socket file, creates the socket and sets its mode to 0600.
-pub async fn bind(listen: &Listen) -> anyhow::Result<Bound> {
+/// stale socket file, creates the socket and sets its mode to 0600. TCP is served with TLS
+/// (mTLS when `security` names a client CA), or in plain text only when `security` is
+/// [`Security::Plaintext`], the explicit opt-in; the TLS files are read here, so a missing or
+/// broken one fails before anything serves.
+pub async fn bind(listen: &Listen, security: &Security) -> anyhow::Result<Bound> {
+    let tls = match (listen, security) {
+        (Listen::Unix(_), _) => None,
+        (Listen::Tcp(_), Security::Tls(files)) => Some(server_tls(files)?),
+        (Listen::Tcp(_), Security::Plaintext) => {
+            tracing::warn!(
+                "serving Envoy Gateway's remote infrastructure over plain-text TCP \
+                 (remote_plaintext = true): anyone who can reach {listen} can create, change \
+                 and delete proxies on this host"
+            );
+            None
+        }
+        (Listen::Tcp(_), Security::None) => anyhow::bail!(
+            "the remote infrastructure service on {listen} would be plain-text TCP: set \
+             remote_cert_file and remote_key_file in [envoy_gateway] (and remote_client_ca_file \
+             to require Envoy Gateway's client certificate), listen on a Unix socket \
+             (unix:///path), or set remote_plaintext = true to accept that anyone who can reach \
+             the port can create and delete proxies on this host"
+        ),
+    };
     let inner = match listen {
         Listen::Tcp(addr) => BoundInner::Tcp(
             tokio::net::TcpListener::bind(addr)
@@ -337,7 +317,19 @@ pub async fn bind(listen: &Listen) -> anyhow::Result<Bound> {
             }
         }
     };
-    Ok(Bound { inner })
+    Ok(Bound { inner, tls })
+}
+
+/// The server side of TLS for the remote provider (TLS 1.2+, rustls), requiring a client
+/// certificate signed by `client_ca` when one is given.
+fn server_tls(files: &TlsFiles) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    let read = |p: &Path| std::fs::read(p).with_context(|| format!("cannot read {}", p.display()));
+    let identity = tonic::transport::Identity::from_pem(read(&files.cert)?, read(&files.key)?);
+    let mut tls = tonic::transport::ServerTlsConfig::new().identity(identity);
+    if let Some(ca) = &files.client_ca {
+        tls = tls.client_ca_root(tonic::transport::Certificate::from_pem(read(ca)?));
+    }
+    Ok(tls)
 }
 
 async fn remove_stale_socket(path: &Path) -> anyhow::Result<()> {
@@ -381,7 +373,13 @@ impl Bound {
         shutdown: impl Future<Output = ()> + Send,
     ) -> anyhow::Result<()> {
         let service = RemoteInfraService::new(infra, xds).into_server();
-        let router = tonic::transport::Server::builder().add_service(service);
+        let mut builder = tonic::transport::Server::builder();
+        if let Some(tls) = self.tls {
+            builder = builder
+                .tls_config(tls)
+                .context("the remote infrastructure service's TLS settings")?;
+        }
+        let router = builder.add_service(service);
         match self.inner {
             BoundInner::Tcp(listener) => {
                 let addr = listener.local_addr().ok();
@@ -409,11 +407,15 @@ impl Bound {
 /// Serves until `shutdown` resolves: [`bind`] then [`Bound::serve`].
 pub async fn serve<I: Infrastructure>(
     listen: Listen,
+    security: &Security,
     infra: Arc<I>,
     xds: XdsDefaults,
     shutdown: impl Future<Output = ()> + Send,
 ) -> anyhow::Result<()> {
-    bind(&listen).await?.serve(infra, xds, shutdown).await
+    bind(&listen, security)
+        .await?
+        .serve(infra, xds, shutdown)
+        .await
 }
 
 trait Accept: Send + 'static {

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
-use berth::eg_provider::{self, pb, Infrastructure, Listen, Transient};
+use berth::eg_provider::{self, pb, Infrastructure, Listen, Security, TlsFiles, Transient};
 use berth::ir::{LogLevel, Protocol};
 use berth::source::eg::{EgProxy, XdsDefaults};
 use common::eg::gateway_proxy;
@@ -107,9 +107,18 @@ impl Server {
     }
 }
 
+/// Serves on `listen`; TCP in plain text (the explicit opt-in), for the tests of the service
+/// itself. [`start_secured`] serves with TLS.
 async fn start(listen: Listen) -> (Server, Option<std::net::SocketAddr>) {
+    start_secured(listen, &Security::Plaintext).await
+}
+
+async fn start_secured(
+    listen: Listen,
+    security: &Security,
+) -> (Server, Option<std::net::SocketAddr>) {
     let fake = Arc::new(Fake::default());
-    let bound = eg_provider::bind(&listen).await.unwrap();
+    let bound = eg_provider::bind(&listen, security).await.unwrap();
     let addr = bound.local_addr();
     let (tx, rx) = oneshot::channel();
     let task = tokio::spawn(bound.serve(fake.clone(), xds(), async {
@@ -249,7 +258,7 @@ async fn unix_socket_is_0600_and_maps_a_realistic_ir() {
     );
 
     // A second server on a live socket is refused rather than stealing it.
-    let err = eg_provider::bind(&Listen::Unix(sock.clone()))
+    let err = eg_provider::bind(&Listen::Unix(sock.clone()), &Security::None)
         .await
         .err()
         .unwrap();
@@ -264,7 +273,7 @@ async fn refuses_to_replace_a_regular_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("not-a-socket");
     std::fs::write(&path, "data").unwrap();
-    let err = eg_provider::bind(&Listen::Unix(path.clone()))
+    let err = eg_provider::bind(&Listen::Unix(path.clone()), &Security::None)
         .await
         .err()
         .unwrap();
@@ -430,5 +439,89 @@ async fn a_client_that_gives_up_does_not_abort_the_rollout() {
     drop(client);
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(server.fake.finished.load(Ordering::SeqCst), 1);
+    server.stop().await;
+}
+
+/// TCP is TLS (mTLS with a client CA); plain text only with the explicit opt-in.
+#[tokio::test]
+async fn tcp_is_tls_and_mtls_checks_envoy_gateways_client_certificate() {
+    use tonic::transport::{Certificate, ClientTlsConfig, Identity};
+    let tcp = || Listen::Tcp("127.0.0.1:0".parse().unwrap());
+    let err = eg_provider::bind(&tcp(), &Security::None)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        err.to_string().contains("remote_plaintext = true"),
+        "{err:#}"
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let certs = common::xds::Certs::generate(dir.path());
+    let read = |p: PathBuf| std::fs::read(p).unwrap();
+    let client = |addr: std::net::SocketAddr, identity: Option<(PathBuf, PathBuf)>| {
+        let ca = read(certs.ca());
+        async move {
+            let mut tls = ClientTlsConfig::new()
+                .ca_certificate(Certificate::from_pem(ca))
+                .domain_name("envoy-gateway");
+            if let Some((cert, key)) = identity {
+                tls = tls.identity(Identity::from_pem(read(cert), read(key)));
+            }
+            let channel = Endpoint::from_shared(format!("https://{addr}"))
+                .unwrap()
+                .tls_config(tls)
+                .unwrap()
+                .connect()
+                .await?;
+            let mut c = Client::new(channel);
+            c.delete_rate_limit_infra(pb::DeleteRateLimitInfraRequest {})
+                .await
+                .map_err(anyhow::Error::from)?;
+            anyhow::Ok(())
+        }
+    };
+    let files = |client_ca: Option<PathBuf>| {
+        Security::Tls(TlsFiles {
+            cert: certs.dir.join("server.pem"),
+            key: certs.dir.join("server-key.pem"),
+            client_ca,
+        })
+    };
+
+    // TLS: any client that trusts the server's CA.
+    let (server, addr) = start_secured(tcp(), &files(None)).await;
+    client(addr.unwrap(), None)
+        .await
+        .expect("TLS without a client certificate");
+    // Plain text does not get in.
+    let plain = Client::connect(format!("http://{}", addr.unwrap())).await;
+    let plain_ok = match plain {
+        Ok(mut c) => c
+            .delete_rate_limit_infra(pb::DeleteRateLimitInfraRequest {})
+            .await
+            .is_ok(),
+        Err(_) => false,
+    };
+    assert!(!plain_ok, "a plain-text client reached the TLS service");
+    server.stop().await;
+
+    // mTLS: only a client certificate signed by the client CA.
+    let (server, addr) = start_secured(tcp(), &files(Some(certs.ca()))).await;
+    let addr = addr.unwrap();
+    client(addr, Some((certs.client_cert(), certs.client_key())))
+        .await
+        .expect("the trusted client certificate");
+    assert!(
+        client(addr, None).await.is_err(),
+        "no client certificate got in"
+    );
+    assert!(
+        client(addr, Some((certs.untrusted_cert(), certs.untrusted_key())))
+            .await
+            .is_err(),
+        "an untrusted client certificate got in"
+    );
+    assert!(server.fake.calls().is_empty());
     server.stop().await;
 }

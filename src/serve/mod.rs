@@ -417,7 +417,16 @@ pub async fn run(opts: Options) -> Result<()> {
                     opts.config.display()
                 );
             };
-            Some((crate::eg_provider::bind(listen).await?, xds, listen.clone()))
+            let security = first
+                .envoy_gateway
+                .as_ref()
+                .map(|g| g.remote_security.clone())
+                .unwrap_or_default();
+            Some((
+                crate::eg_provider::bind(listen, &security).await?,
+                xds,
+                listen.clone(),
+            ))
         }
     };
     // Every proxy's state directory exists before its first reconcile.

@@ -2,3 +2,4 @@
 
 pub mod eg;
 pub mod file;
+pub mod remote;

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::eg_provider::Listen;
 use crate::ir;
 use crate::source::eg::{self, XdsDefaults};
+use crate::source::remote::{Listen, Security, TlsFiles};
 
 use super::backend::pem;
 use super::check::{self, show};
@@ -22,6 +22,10 @@ const KEYS: &[&str] = &[
     "key_file",
     "ir_files",
     "remote",
+    "remote_cert_file",
+    "remote_key_file",
+    "remote_client_ca_file",
+    "remote_plaintext",
 ];
 
 /// The largest IR file berth reads (egctl output for many gateways is larger than a config).
@@ -36,6 +40,9 @@ pub struct EnvoyGateway {
     pub ir_files: Vec<PathBuf>,
     /// Where `berth serve` offers EG's remote infrastructure provider service; None: off.
     pub remote: Option<Listen>,
+    /// How that service is secured on TCP (`remote_cert_file`, `remote_key_file`,
+    /// `remote_client_ca_file`, or `remote_plaintext = true`).
+    pub remote_security: Security,
 }
 
 impl EnvoyGateway {
@@ -102,12 +109,94 @@ pub(super) fn section(cx: &mut Ctx, root: &Tbl) -> Option<(EnvoyGateway, Vec<IrF
                 None
             }
         });
+    let remote_security = remote_security(cx, &t, remote.as_ref());
     let gw = EnvoyGateway {
         xds,
         ir_files: files.iter().map(|(p, _)| p.clone()).collect(),
         remote,
+        remote_security,
     };
     Some((gw, files))
+}
+
+/// `remote_cert_file` + `remote_key_file` (TLS; with `remote_client_ca_file`, mTLS), or
+/// `remote_plaintext = true`. A `tcp://` remote needs one of them; a Unix socket takes none.
+fn remote_security(cx: &mut Ctx, t: &Tbl, remote: Option<&Listen>) -> Security {
+    let has = |k: &str| t.get(k).is_some();
+    let plaintext = match t.get("remote_plaintext") {
+        None => false,
+        Some(v) => match v.get_ref() {
+            toml::de::DeValue::Boolean(b) => *b,
+            other => {
+                cx.err(
+                    &v.span(),
+                    &t.field("remote_plaintext"),
+                    format!(
+                        "must be true or false (serve the remote infrastructure service over \
+                         plain-text TCP, which lets anyone who reaches the port create and \
+                         delete proxies on this host), got {}",
+                        doc::kind(other)
+                    ),
+                );
+                false
+            }
+        },
+    };
+    let tls_keys = [
+        "remote_cert_file",
+        "remote_key_file",
+        "remote_client_ca_file",
+    ];
+    let any_tls = tls_keys.iter().any(|k| has(k));
+    let field = |k: &str| t.field(k);
+    match remote {
+        Some(Listen::Unix(_)) | None => {
+            for k in tls_keys.iter().chain(["remote_plaintext"].iter()) {
+                if has(k) {
+                    cx.err(
+                        &t.key_span(k),
+                        &field(k),
+                        "applies to remote = \"tcp://…\" only: a Unix socket is guarded by its \
+                         file mode (0600) and Envoy Gateway connects to it without TLS",
+                    );
+                }
+            }
+            Security::None
+        }
+        Some(Listen::Tcp(_)) if plaintext => {
+            if any_tls {
+                cx.err(
+                    &t.key_span("remote_plaintext"),
+                    &field("remote_plaintext"),
+                    "contradicts remote_cert_file/remote_key_file: choose TLS or plain text",
+                );
+            }
+            Security::Plaintext
+        }
+        Some(Listen::Tcp(_)) => {
+            if !has("remote_cert_file") && !has("remote_key_file") {
+                cx.err(
+                    &t.key_span("remote"),
+                    &field("remote"),
+                    "a tcp:// remote infrastructure service needs TLS: set remote_cert_file and \
+                     remote_key_file (and remote_client_ca_file to require Envoy Gateway's \
+                     client certificate), or listen on unix:///path, or set remote_plaintext = \
+                     true to accept that anyone who can reach the port can create and delete \
+                     proxies on this host",
+                );
+                return Security::None;
+            }
+            let cert = pem(cx, t, "remote_cert_file", "CERTIFICATE");
+            let key = pem(cx, t, "remote_key_file", "PRIVATE KEY");
+            let client_ca = has("remote_client_ca_file")
+                .then(|| pem(cx, t, "remote_client_ca_file", "CERTIFICATE"));
+            Security::Tls(TlsFiles {
+                cert,
+                key,
+                client_ca,
+            })
+        }
+    }
 }
 
 /// Reads each IR file and adds its proxies to `infra`. Errors point at the `ir_files` entry and
@@ -232,7 +321,7 @@ mod tests {
         let gw = c.envoy_gateway.unwrap();
         assert_eq!(
             gw.remote,
-            Some(crate::eg_provider::Listen::Unix(
+            Some(crate::source::remote::Listen::Unix(
                 std::path::absolute(dir.path()).unwrap().join("r.sock")
             ))
         );
@@ -296,5 +385,54 @@ mod tests {
                 .any(|e| e.message.contains("port 8080 is already used")),
             "{errs:?}"
         );
+    }
+
+    #[test]
+    fn a_tcp_remote_needs_tls_or_the_plaintext_opt_in() {
+        use crate::source::remote::{Security, TlsFiles};
+        let dir = tempfile::tempdir().unwrap();
+        let certs = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/certs");
+        let c = |p: &str| certs.join(p).display().to_string();
+        let errs = errors(dir.path(), &section("remote = \"tcp://127.0.0.1:9478\"\n"));
+        assert_eq!(errs.len(), 1, "{errs:?}");
+        assert_eq!(errs[0].field, "envoy_gateway.remote");
+        assert!(
+            errs[0].message.contains("remote_plaintext = true"),
+            "{}",
+            errs[0]
+        );
+
+        let text = section(&format!(
+            "remote = \"tcp://127.0.0.1:9478\"\nremote_cert_file = \"{}\"\nremote_key_file = \"{}\"\nremote_client_ca_file = \"{}\"\n",
+            c("cert.pem"),
+            c("key.pem"),
+            c("cert.pem")
+        ));
+        let gw = parse(&dir.path().join("berth.toml"), &text)
+            .unwrap()
+            .envoy_gateway
+            .unwrap();
+        assert_eq!(
+            gw.remote_security,
+            Security::Tls(TlsFiles {
+                cert: certs.join("cert.pem"),
+                key: certs.join("key.pem"),
+                client_ca: Some(certs.join("cert.pem")),
+            })
+        );
+
+        let text = section("remote = \"tcp://127.0.0.1:9478\"\nremote_plaintext = true\n");
+        let gw = parse(&dir.path().join("berth.toml"), &text)
+            .unwrap()
+            .envoy_gateway
+            .unwrap();
+        assert_eq!(gw.remote_security, Security::Plaintext);
+
+        let errs = errors(
+            dir.path(),
+            &section("remote = \"unix://r.sock\"\nremote_plaintext = true\n"),
+        );
+        assert_eq!(errs[0].field, "envoy_gateway.remote_plaintext");
+        assert!(errs[0].message.contains("tcp://"), "{}", errs[0]);
     }
 }
