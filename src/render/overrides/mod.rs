@@ -51,6 +51,7 @@ pub fn apply(rendered: &str, ov: &BootstrapOverride) -> Result<String> {
             base
         }
         BootstrapOverrideKind::JSONPatch => {
+            refuse_admin_address_patches(&user)?;
             let mut base = parse_rendered(rendered)?;
             json_patch(&mut base, &user).context("bootstrap override (JSONPatch)")?;
             base
@@ -64,6 +65,23 @@ pub fn apply(rendered: &str, ov: &BootstrapOverride) -> Result<String> {
         tracing::info!("bootstrap override ({:?}): {note}", ov.kind);
     }
     serde_yaml::to_string(&result).context("bootstrap override: serializing the result as YAML")
+}
+
+/// A patch of `admin.address` (EG's docs change the admin port this way) cannot apply: berth's
+/// admin is a Unix socket. Say so, instead of "no key socket_address".
+fn refuse_admin_address_patches(patch: &Value) -> Result<()> {
+    for (i, op) in patch.as_array().into_iter().flatten().enumerate() {
+        let path = op.get("path").and_then(Value::as_str).unwrap_or_default();
+        if path == "/admin" || path.starts_with("/admin/address") {
+            bail!(
+                "bootstrap override (JSONPatch): operation {i} changes {path}: berth's admin \
+                 listens on its Unix socket, not a TCP address (the replicas share one host, and \
+                 berth gates, drains and reads each replica through the socket); leave \
+                 admin.address out of the patch"
+            );
+        }
+    }
+    Ok(())
 }
 
 fn parse_rendered(rendered: &str) -> Result<Value> {
