@@ -142,10 +142,16 @@ mod tests {
             json!({"node": {"cluster": "other"}, "admin": {"address": {"pipe": {"path": "/x", "mode": 384}}}})
         );
 
-        // JSONPatch cannot remove the admin socket either.
-        let v = apply_kind(
+        // A JSONPatch of the admin address cannot apply: berth's admin is its socket.
+        let err = apply_kind(
             BootstrapOverrideKind::JSONPatch,
             r#"[{"op": "remove", "path": "/admin"}]"#,
+        )
+        .unwrap_err();
+        assert!(format!("{err:#}").contains("Unix socket"), "{err:#}");
+        let v = apply_kind(
+            BootstrapOverrideKind::JSONPatch,
+            r#"[{"op": "add", "path": "/admin/access_log_path", "value": "/dev/null"}]"#,
         )
         .unwrap();
         assert_eq!(v["admin"]["address"]["pipe"]["path"], "/x");
