@@ -147,6 +147,12 @@ impl Admin {
         Ok(sum_listener_connections(&parse_stats(&json)))
     }
 
+    /// `GET /listeners?format=json`: the listeners Envoy has bound, with their ports.
+    pub async fn listeners(&self) -> Result<Vec<BoundListener>> {
+        let json = self.get_json("/listeners?format=json").await?;
+        Ok(parse_listeners(&json))
+    }
+
     /// `POST /healthcheck/fail`: Envoy reports DRAINING from now on.
     pub async fn healthcheck_fail(&self) -> Result<()> {
         self.post_ok("/healthcheck/fail").await
@@ -237,6 +243,69 @@ impl Admin {
     }
 }
 
+/// A listener Envoy reports in `/listeners`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct BoundListener {
+    pub name: String,
+    /// The port of its local address (0 for a pipe or an address without one).
+    pub port: u16,
+}
+
+/// What berth asks of a replica's Envoy: the seam between the executor and the admin socket,
+/// so the rollout can be unit-tested against the in-memory engine's Envoy.
+#[async_trait::async_trait]
+pub trait AdminApi: Send + Sync {
+    /// Where this replica's admin is, for messages.
+    fn location(&self) -> String;
+    async fn ready(&self) -> Result<ReadyState>;
+    async fn listeners(&self) -> Result<Vec<BoundListener>>;
+    async fn downstream_connections(&self) -> Result<u64>;
+    async fn healthcheck_fail(&self) -> Result<()>;
+    async fn drain_listeners(&self, graceful_skip_exit: bool) -> Result<()>;
+    /// A raw GET: status and body.
+    async fn get(&self, path: &str) -> Result<(u16, String)>;
+}
+
+#[async_trait::async_trait]
+impl AdminApi for Admin {
+    fn location(&self) -> String {
+        self.where_()
+    }
+    async fn ready(&self) -> Result<ReadyState> {
+        Admin::ready(self).await
+    }
+    async fn listeners(&self) -> Result<Vec<BoundListener>> {
+        Admin::listeners(self).await
+    }
+    async fn downstream_connections(&self) -> Result<u64> {
+        Admin::downstream_connections(self).await
+    }
+    async fn healthcheck_fail(&self) -> Result<()> {
+        Admin::healthcheck_fail(self).await
+    }
+    async fn drain_listeners(&self, graceful_skip_exit: bool) -> Result<()> {
+        Admin::drain_listeners(self, graceful_skip_exit).await
+    }
+    async fn get(&self, path: &str) -> Result<(u16, String)> {
+        Admin::get(self, path).await
+    }
+}
+
+/// Opens the admin API of the replica whose socket is at a path.
+pub trait AdminConnector: Send + Sync {
+    fn connect(&self, socket: &Path, timeout: Duration) -> std::sync::Arc<dyn AdminApi>;
+}
+
+/// The real connector: HTTP over the Unix socket.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SocketConnector;
+
+impl AdminConnector for SocketConnector {
+    fn connect(&self, socket: &Path, timeout: Duration) -> std::sync::Arc<dyn AdminApi> {
+        std::sync::Arc::new(Admin::new(socket).with_timeout(timeout))
+    }
+}
+
 fn connect_error(e: &io::Error) -> String {
     match e.kind() {
         io::ErrorKind::NotFound => {
@@ -247,11 +316,11 @@ fn connect_error(e: &io::Error) -> String {
         }
         io::ErrorKind::PermissionDenied => format!(
             "permission denied (the socket is mode 0600, owned by uid {}; run berth as root)",
-            crate::engine::REPLICA_UID
+            crate::replica::REPLICA_UID
         ),
         io::ErrorKind::InvalidInput => format!(
             "{e} (a Unix socket path may be at most {} bytes: use a shorter state directory)",
-            crate::engine::MAX_SOCKET_PATH
+            crate::layout::MAX_SOCKET_PATH
         ),
         _ => e.to_string(),
     }
@@ -273,6 +342,30 @@ pub fn parse_stats(json: &serde_json::Value) -> BTreeMap<String, u64> {
         }
     }
     out
+}
+
+/// Envoy's `/listeners?format=json` answer:
+/// `{"listener_statuses":[{"name":…,"local_address":{"socket_address":{"port_value":…}}}]}`.
+pub fn parse_listeners(json: &serde_json::Value) -> Vec<BoundListener> {
+    json.get("listener_statuses")
+        .and_then(|l| l.as_array())
+        .map(|list| {
+            list.iter()
+                .map(|l| BoundListener {
+                    name: l
+                        .get("name")
+                        .and_then(|n| n.as_str())
+                        .unwrap_or_default()
+                        .to_string(),
+                    port: l
+                        .pointer("/local_address/socket_address/port_value")
+                        .and_then(|p| p.as_u64())
+                        .and_then(|p| u16::try_from(p).ok())
+                        .unwrap_or(0),
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Sum of `listener.<l>.downstream_cx_active` without the admin listener and without the
@@ -387,6 +480,29 @@ mod tests {
         let s = parse_stats(&json);
         assert_eq!(s.len(), 1);
         assert_eq!(s["a.b"], 3);
+    }
+
+    #[test]
+    fn listeners_json() {
+        let json: serde_json::Value = serde_json::from_str(
+            r#"{"listener_statuses":[{"name":"web","local_address":{"socket_address":
+                {"address":"0.0.0.0","port_value":10080}}},{"name":"p","local_address":
+                {"pipe":{"path":"/x"}}}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parse_listeners(&json),
+            vec![
+                BoundListener {
+                    name: "web".into(),
+                    port: 10080
+                },
+                BoundListener {
+                    name: "p".into(),
+                    port: 0
+                }
+            ]
+        );
     }
 
     #[test]

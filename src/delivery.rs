@@ -19,19 +19,27 @@
 //! `update_attempt` grew by `n` has seen the final files: if its `version_text` is then not the
 //! new generation, the replica refused them.
 //!
-//! Files are renamed in xDS order, clusters before listeners before routes, so a route never
-//! names a cluster a replica does not have yet.
+//! **Make before break.** Replicas reload each subscription on its own, so renaming a new
+//! `rds.yaml` and `cds.yaml` one after the other (or swapping them together) can leave a route
+//! naming a cluster a replica does not have yet, for a moment: requests get a 503. [`update`]
+//! therefore goes in stages, each confirmed by every replica before the next: new and changed
+//! secrets and other files; clusters as the union of old and new; route configurations as the
+//! union of old and new; the new listeners; the new route configurations; the new clusters;
+//! then the files no longer wanted go. At every moment each replica's listeners name route
+//! configurations it has, and its routes name clusters it has. Intermediate files are stamped
+//! `<generation>.<stage>`.
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
+use tokio::time::Instant;
 
-use crate::admin::Admin;
+use crate::admin::AdminApi;
 use crate::layout::{CDS_FILE, LDS_FILE, RDS_FILE};
-use crate::replica::{ObservedContainer, RunState, LABEL_NAME};
 use crate::state::{write_atomic, StateDir};
 
 /// How long replicas get to confirm a change unless told otherwise.
@@ -39,7 +47,7 @@ pub const DEFAULT_CONFIRM_TIMEOUT: Duration = Duration::from_secs(5);
 /// How often replicas are asked while waiting.
 const POLL: Duration = Duration::from_millis(20);
 /// Timeout of one admin call while waiting.
-const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
+pub const ADMIN_TIMEOUT: Duration = Duration::from_millis(500);
 const VERSION_KEY: &str = "version_info:";
 
 /// Stamps each DiscoveryResponse-shaped file (a top-level `resources:` key) with
@@ -75,6 +83,12 @@ pub fn unstamp(files: &BTreeMap<String, String>) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// The version a file is stamped with, if any.
+fn stamp_of(text: &str) -> Option<String> {
+    let line = text.strip_prefix(VERSION_KEY)?.lines().next()?;
+    Some(line.trim().trim_matches('"').to_string())
+}
+
 /// The generation the files are stamped with (the stamp of `lds.yaml`, else of any file).
 pub fn generation_of(files: &BTreeMap<String, String>) -> Option<u64> {
     let parse = |text: &String| {
@@ -88,27 +102,11 @@ pub fn generation_of(files: &BTreeMap<String, String>) -> Option<u64> {
 }
 
 /// One replica that must confirm a change.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct Replica {
     /// The container name (for messages and status).
     pub name: String,
-    pub admin: Admin,
-}
-
-/// The replicas of `proxy` that must confirm a change of its files: every running container of
-/// the proxy (they all mount the same directory).
-pub fn replicas(state: &StateDir, proxy: &str, observed: &[ObservedContainer]) -> Vec<Replica> {
-    observed
-        .iter()
-        .filter(|c| c.is_managed() && c.proxy() == Some(proxy) && c.state == RunState::Running)
-        .map(|c| {
-            let run = c.label(LABEL_NAME).unwrap_or(&c.name);
-            Replica {
-                name: c.name.clone(),
-                admin: Admin::new(state.proxy(proxy).admin_socket(run)).with_timeout(ADMIN_TIMEOUT),
-            }
-        })
-        .collect()
+    pub admin: Arc<dyn AdminApi>,
 }
 
 /// What one replica said about a change.
@@ -128,7 +126,7 @@ pub enum Ack {
 pub struct LiveOutcome {
     pub proxy: String,
     pub generation: Option<u64>,
-    /// Files renamed into the watched directory (empty: nothing had changed).
+    /// Files that changed (empty: nothing had changed).
     pub written: Vec<String>,
     pub replicas: BTreeMap<String, Ack>,
     /// From the first rename to the last confirmation.
@@ -140,9 +138,21 @@ pub struct LiveOutcome {
 pub struct LiveRejected {
     pub proxy: String,
     pub generation: Option<u64>,
+    /// The stage that failed, e.g. "clusters (old and new)".
+    pub stage: String,
     pub replicas: BTreeMap<String, Ack>,
     /// What happened to the previous files.
     pub restored: String,
+}
+
+impl LiveRejected {
+    /// Some replica refused the files (as opposed to not answering in time): the same files
+    /// will be refused again.
+    pub fn refused(&self) -> bool {
+        self.replicas
+            .values()
+            .any(|a| matches!(a, Ack::Rejected { .. }))
+    }
 }
 
 impl std::fmt::Display for LiveRejected {
@@ -153,8 +163,8 @@ impl std::fmt::Display for LiveRejected {
             .unwrap_or_default();
         write!(
             f,
-            "route/cluster update of {}{gen} not confirmed by every replica:",
-            self.proxy
+            "route/cluster update of {}{gen} not confirmed by every replica at stage {}:",
+            self.proxy, self.stage
         )?;
         for (name, ack) in &self.replicas {
             match ack {
@@ -169,9 +179,143 @@ impl std::fmt::Display for LiveRejected {
 
 impl std::error::Error for LiveRejected {}
 
-/// Writes `files` (normally [`stamp`]ed) into the proxy's watched directory and waits until
-/// every replica in `replicas` confirms them, at most `timeout`. When one does not, the previous
-/// files are written back (and their confirmation awaited, best effort) and the error is a
+/// Why [`update`] did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum UpdateError {
+    /// A replica refused or did not confirm; the previous files are back.
+    #[error(transparent)]
+    Rejected(LiveRejected),
+    /// The watched directory could not be read or written.
+    #[error("{0:#}")]
+    Io(anyhow::Error),
+}
+
+/// One step of a make-before-break update: files written (by rename) and files removed.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Stage {
+    pub what: &'static str,
+    pub write: BTreeMap<String, String>,
+    pub remove: Vec<String>,
+}
+
+/// The stages that take the watched files from `from` to `to` without a moment in which a
+/// listener names a route configuration, or a route a cluster, that the replica lacks (see the
+/// module docs). Stages that change nothing are left out.
+pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) -> Vec<Stage> {
+    let xds = |n: &str| n == LDS_FILE || n == CDS_FILE || n == RDS_FILE;
+    let version = to
+        .get(LDS_FILE)
+        .or_else(|| to.values().next())
+        .and_then(|t| stamp_of(t))
+        .unwrap_or_default();
+    let mut out = Vec::new();
+    let mut disk = from.clone();
+    let mut step = |what: &'static str, write: BTreeMap<String, String>, remove: Vec<String>| {
+        let write: BTreeMap<String, String> = write
+            .into_iter()
+            .filter(|(n, c)| disk.get(n) != Some(c))
+            .collect();
+        let remove: Vec<String> = remove
+            .into_iter()
+            .filter(|n| disk.contains_key(n))
+            .collect();
+        if write.is_empty() && remove.is_empty() {
+            return;
+        }
+        for (n, c) in &write {
+            disk.insert(n.clone(), c.clone());
+        }
+        for n in &remove {
+            disk.remove(n);
+        }
+        out.push(Stage {
+            what,
+            write,
+            remove,
+        });
+    };
+    let others: BTreeMap<String, String> = to
+        .iter()
+        .filter(|(n, _)| !xds(n))
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    step("secrets and other files", others, Vec::new());
+    // Old and new together; just the new file when it removes nothing (then it is the union).
+    let union_of = |file: &str, n: u32| -> BTreeMap<String, String> {
+        let text = match (from.get(file), to.get(file)) {
+            (Some(old), Some(new)) => match union(old, new, &format!("{version}.{n}")) {
+                Some(Union::Removes(u)) => u,
+                Some(Union::Adds) => new.clone(),
+                None => return BTreeMap::new(),
+            },
+            (None, Some(new)) => new.clone(),
+            _ => return BTreeMap::new(),
+        };
+        BTreeMap::from([(file.to_string(), text)])
+    };
+    let cds_union = union_of(CDS_FILE, 1);
+    let rds_union = union_of(RDS_FILE, 2);
+    step("clusters (old and new)", cds_union, Vec::new());
+    step("route configurations (old and new)", rds_union, Vec::new());
+    let only = |file: &str| -> BTreeMap<String, String> {
+        to.get(file)
+            .map(|c| BTreeMap::from([(file.to_string(), c.clone())]))
+            .unwrap_or_default()
+    };
+    let gone = |file: &str| -> Vec<String> {
+        if to.contains_key(file) {
+            Vec::new()
+        } else {
+            vec![file.to_string()]
+        }
+    };
+    step("listeners", only(LDS_FILE), gone(LDS_FILE));
+    step("route configurations", only(RDS_FILE), gone(RDS_FILE));
+    step("clusters", only(CDS_FILE), gone(CDS_FILE));
+    let unwanted: Vec<String> = from
+        .keys()
+        .filter(|n| !xds(n) && !to.contains_key(*n))
+        .cloned()
+        .collect();
+    step("files no longer used", BTreeMap::new(), unwanted);
+    out
+}
+
+enum Union {
+    /// `new` drops resources `old` has: their union, as a DiscoveryResponse.
+    Removes(String),
+    /// `new` only adds or changes resources: it is the union itself.
+    Adds,
+}
+
+/// A DiscoveryResponse holding `old`'s resources with `new`'s added or replacing those of the
+/// same name, stamped `version`. None when either does not parse as one.
+fn union(old: &str, new: &str, version: &str) -> Option<Union> {
+    use serde_yaml::{Mapping, Value};
+    let resources = |text: &str| -> Option<Vec<Value>> {
+        let doc: Value = serde_yaml::from_str(text).ok()?;
+        doc.get("resources")?.as_sequence().cloned()
+    };
+    let name = |v: &Value| v.get("name").and_then(|n| n.as_str()).map(str::to_string);
+    let (old, new) = (resources(old)?, resources(new)?);
+    let mut merged: Vec<Value> = old
+        .into_iter()
+        .filter(|o| !new.iter().any(|n| name(n).is_some() && name(n) == name(o)))
+        .collect();
+    if merged.is_empty() {
+        return Some(Union::Adds);
+    }
+    merged.extend(new);
+    let mut doc = Mapping::new();
+    doc.insert("version_info".into(), Value::String(version.to_string()));
+    doc.insert("resources".into(), Value::Sequence(merged));
+    serde_yaml::to_string(&doc).ok().map(Union::Removes)
+}
+
+/// Writes `files` (normally [`stamp`]ed) into the proxy's watched directory in
+/// make-before-break [`stages`], each confirmed by every replica in `replicas` (each stage at
+/// most `timeout`). When a replica refuses or does not confirm, the previous files are put
+/// back the same way (their confirmation awaited, best effort) and the error is a
 /// [`LiveRejected`]. With no change on disk it returns at once with nothing written.
 pub async fn update(
     state: &StateDir,
@@ -179,130 +323,157 @@ pub async fn update(
     files: &BTreeMap<String, String>,
     replicas: &[Replica],
     timeout: Duration,
-) -> Result<LiveOutcome> {
-    let previous = state.read_xds(proxy)?;
-    let generation = generation_of(files);
-    if &previous == files {
-        return Ok(LiveOutcome {
-            proxy: proxy.to_string(),
-            generation,
-            written: Vec::new(),
-            replicas: BTreeMap::new(),
-            elapsed: Duration::ZERO,
-        });
-    }
-    let subs = subscriptions(files);
-    let baselines =
-        futures_util::future::join_all(replicas.iter().map(|r| snapshot(&r.admin))).await;
-    let started = Instant::now();
+) -> std::result::Result<LiveOutcome, UpdateError> {
     let dir = state.proxy(proxy).xds();
-    let written = write_files(&dir, files, &previous)?;
-    let acks = confirm(
-        replicas,
-        &baselines,
-        &subs,
-        generation,
-        written.len() as u64,
-        started,
-        timeout,
-    )
-    .await;
-    let elapsed = started.elapsed();
-    if acks.values().all(|a| matches!(a, Ack::Confirmed { .. })) {
-        return Ok(LiveOutcome {
-            proxy: proxy.to_string(),
-            generation,
-            written,
-            replicas: acks,
-            elapsed,
-        });
-    }
-    // Put the previous files back, and wait for the replicas to be on them again.
-    let restored = match restore(&dir, &previous, files) {
-        Err(e) => format!("restoring the previous files failed too: {e:#}"),
-        Ok(n) => {
-            let baselines =
-                futures_util::future::join_all(replicas.iter().map(|r| snapshot(&r.admin))).await;
-            let back = confirm(
-                replicas,
-                &baselines,
-                &subscriptions(&previous),
-                generation_of(&previous),
-                n,
-                Instant::now(),
-                timeout,
-            )
-            .await;
-            let not_back: Vec<&str> = back
-                .iter()
-                .filter(|(_, a)| !matches!(a, Ack::Confirmed { .. }))
-                .map(|(n, _)| n.as_str())
-                .collect();
-            let what = match generation_of(&previous) {
-                Some(g) => format!("the previous files (generation {g}) were restored"),
-                None => "the previous files were restored".to_string(),
-            };
-            if not_back.is_empty() {
-                format!("{what}; every replica serves them")
-            } else {
-                format!("{what}; not confirmed yet by {}", not_back.join(", "))
+    let previous = state.read_xds(proxy).map_err(UpdateError::Io)?;
+    let generation = generation_of(files);
+    let written: Vec<String> = files
+        .iter()
+        .filter(|(n, c)| previous.get(*n) != Some(*c))
+        .map(|(n, _)| n.clone())
+        .chain(previous.keys().filter(|n| !files.contains_key(*n)).cloned())
+        .collect();
+    let started = Instant::now();
+    let mut acks = BTreeMap::new();
+    for stage in stages(&previous, files) {
+        match apply(&dir, &stage, replicas, timeout).await {
+            Ok(a) => acks = a,
+            Err(StageError::Io(e)) => return Err(UpdateError::Io(e)),
+            Err(StageError::Unconfirmed(replies)) => {
+                let restored = restore(state, proxy, &dir, &previous, replicas, timeout).await;
+                return Err(UpdateError::Rejected(LiveRejected {
+                    proxy: proxy.to_string(),
+                    generation,
+                    stage: stage.what.to_string(),
+                    replicas: replies,
+                    restored,
+                }));
             }
         }
-    };
-    Err(anyhow::Error::new(LiveRejected {
+    }
+    Ok(LiveOutcome {
         proxy: proxy.to_string(),
         generation,
+        written,
         replicas: acks,
-        restored,
-    }))
+        elapsed: started.elapsed(),
+    })
 }
 
-/// The order files are renamed in: clusters, listeners, routes, then anything else.
-fn rename_order(name: &str) -> (u8, &str) {
-    let rank = match name {
-        CDS_FILE => 0,
-        LDS_FILE => 1,
-        RDS_FILE => 2,
-        _ => 3,
-    };
-    (rank, name)
+enum StageError {
+    Io(anyhow::Error),
+    Unconfirmed(BTreeMap<String, Ack>),
 }
 
-/// Renames every file of `files` that differs from `previous` into `dir`, in xDS order, and
-/// removes the files no longer wanted. Returns the names written.
-fn write_files(
+/// Writes one stage and waits for every replica to confirm it.
+async fn apply(
     dir: &Path,
-    files: &BTreeMap<String, String>,
+    stage: &Stage,
+    replicas: &[Replica],
+    timeout: Duration,
+) -> std::result::Result<BTreeMap<String, Ack>, StageError> {
+    let baselines =
+        futures_util::future::join_all(replicas.iter().map(|r| snapshot(r.admin.as_ref()))).await;
+    let started = Instant::now();
+    let renames = write_stage(dir, stage).map_err(StageError::Io)?;
+    let on_disk = read_dir_files(dir).map_err(StageError::Io)?;
+    let expected = expected_versions(&on_disk);
+    let acks = confirm(replicas, &baselines, &expected, renames, started, timeout).await;
+    if acks.values().all(|a| matches!(a, Ack::Confirmed { .. })) {
+        Ok(acks)
+    } else {
+        Err(StageError::Unconfirmed(acks))
+    }
+}
+
+/// Puts `previous` back (in stages, confirmed best effort); says how that went.
+async fn restore(
+    state: &StateDir,
+    proxy: &str,
+    dir: &Path,
     previous: &BTreeMap<String, String>,
-) -> Result<Vec<String>> {
+    replicas: &[Replica],
+    timeout: Duration,
+) -> String {
+    let now = match state.read_xds(proxy) {
+        Ok(now) => now,
+        Err(e) => return format!("restoring the previous files failed: {e:#}"),
+    };
+    let mut not_back = Vec::new();
+    for stage in stages(&now, previous) {
+        match apply(dir, &stage, replicas, timeout).await {
+            Ok(_) => {}
+            Err(StageError::Io(e)) => {
+                return format!("restoring the previous files failed too: {e:#}")
+            }
+            Err(StageError::Unconfirmed(acks)) => not_back.extend(
+                acks.into_iter()
+                    .filter(|(_, a)| !matches!(a, Ack::Confirmed { .. }))
+                    .map(|(n, _)| n),
+            ),
+        }
+    }
+    not_back.sort();
+    not_back.dedup();
+    let what = match generation_of(previous) {
+        Some(g) => format!("the previous files (generation {g}) were restored"),
+        None => "the previous files were restored".to_string(),
+    };
+    if not_back.is_empty() {
+        format!("{what}; every replica serves them")
+    } else {
+        format!("{what}; not confirmed yet by {}", not_back.join(", "))
+    }
+}
+
+/// Renames a stage's files into `dir` and removes its removals. Returns the renames made.
+fn write_stage(dir: &Path, stage: &Stage) -> Result<u64> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .create(dir)
         .with_context(|| format!("cannot create {}", dir.display()))?;
-    let mut names: Vec<&String> = files
-        .iter()
-        .filter(|(n, c)| previous.get(*n) != Some(*c))
-        .map(|(n, _)| n)
-        .collect();
-    names.sort_by_key(|n| rename_order(n));
-    let mut written = Vec::new();
-    for name in names {
-        write_atomic(&dir.join(name), files[name].as_bytes(), 0o644)?;
-        written.push(name.clone());
+    for (name, content) in &stage.write {
+        write_atomic(&dir.join(name), content.as_bytes(), 0o644)?;
     }
-    for name in previous.keys().filter(|n| !files.contains_key(*n)) {
+    for name in &stage.remove {
         let _ = std::fs::remove_file(dir.join(name));
     }
-    Ok(written)
+    Ok(stage.write.len() as u64)
 }
 
-/// Writes `previous` back over `current`; returns how many files were renamed in.
-fn restore(
-    dir: &Path,
-    previous: &BTreeMap<String, String>,
-    current: &BTreeMap<String, String>,
-) -> Result<u64> {
-    Ok(write_files(dir, previous, current)?.len() as u64)
+fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, String>> {
+    let mut files = BTreeMap::new();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(files);
+    };
+    for entry in entries {
+        let entry = entry?;
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if !name.starts_with('.') && entry.file_type()?.is_file() {
+            files.insert(name, std::fs::read_to_string(entry.path())?);
+        }
+    }
+    Ok(files)
+}
+
+/// The version each subscription must report once it has taken `files`: the stamp of the
+/// file it reads (None where the file carries none: then only "reloaded without a refusal"
+/// can be checked).
+fn expected_versions(files: &BTreeMap<String, String>) -> BTreeMap<String, Option<String>> {
+    let of = |f: &str| files.get(f).and_then(|t| stamp_of(t));
+    subscriptions(files)
+        .into_iter()
+        .map(|sub| {
+            let v = if sub == "listener_manager.lds" {
+                of(LDS_FILE)
+            } else if sub == "cluster_manager.cds" {
+                of(CDS_FILE)
+            } else {
+                of(RDS_FILE)
+            };
+            (sub, v)
+        })
+        .collect()
 }
 
 /// The subscriptions (stat prefixes) the files define: LDS and CDS when their file exists, and
@@ -361,7 +532,7 @@ pub type Snapshot = BTreeMap<String, SubState>;
 const SUB_FILTER: &str = r"^(listener_manager\.lds|cluster_manager\.cds|http\..*\.rds\..*)\.(version_text|update_attempt|update_rejected|update_failure)$";
 
 /// Reads the subscriptions' counters and versions of one replica.
-pub async fn snapshot(admin: &Admin) -> Result<Snapshot> {
+pub async fn snapshot(admin: &dyn AdminApi) -> Result<Snapshot> {
     let (status, body) = admin
         .get(&format!(
             "/stats?format=json&filter={}",
@@ -404,6 +575,12 @@ pub fn parse_snapshot(json: &serde_json::Value) -> Snapshot {
     out
 }
 
+/// The generation a replica reports having accepted for `subs` (see [`confirmed_generation`]).
+pub async fn observed_generation(admin: &dyn AdminApi, subs: &[String]) -> Option<u64> {
+    let snap = snapshot(admin).await.ok()?;
+    confirmed_generation(&snap, subs)
+}
+
 /// The generation a replica has confirmed: the version every listed subscription reports, when
 /// they all report the same number.
 pub fn confirmed_generation(snapshot: &Snapshot, subs: &[String]) -> Option<u64> {
@@ -419,18 +596,19 @@ pub fn confirmed_generation(snapshot: &Snapshot, subs: &[String]) -> Option<u64>
 }
 
 /// A verdict on one replica given its state before and now, or None to keep waiting.
+/// `expected` gives, per subscription, the version it must report (None: it must only have
+/// reloaded `renames` more times without a new refusal).
 pub fn judge(
     before: Option<&Snapshot>,
     now: &Snapshot,
-    subs: &[String],
-    generation: Option<u64>,
+    expected: &BTreeMap<String, Option<String>>,
     renames: u64,
 ) -> Option<Result<(), String>> {
     let empty = SubState::default();
     let mut all_done = true;
     let mut all_match = true;
     let mut refusals = Vec::new();
-    for sub in subs {
+    for (sub, want) in expected {
         let Some(cur) = now.get(sub) else {
             // Not created yet (a new listener's routes): keep waiting.
             all_done = false;
@@ -444,8 +622,8 @@ pub fn judge(
         } else {
             cur.attempts >= base.attempts + renames
         };
-        let matches = match generation {
-            Some(g) => cur.version == g.to_string(),
+        let matches = match want {
+            Some(v) => cur.version == *v,
             None => done && cur.refused == base.refused,
         };
         if cur.refused > base.refused && !matches {
@@ -470,8 +648,7 @@ pub fn judge(
 async fn confirm(
     replicas: &[Replica],
     baselines: &[Result<Snapshot>],
-    subs: &[String],
-    generation: Option<u64>,
+    expected: &BTreeMap<String, Option<String>>,
     renames: u64,
     started: Instant,
     timeout: Duration,
@@ -483,8 +660,8 @@ async fn confirm(
         async move {
             let mut last: String;
             loop {
-                match snapshot(&r.admin).await {
-                    Ok(now) => match judge(base.as_ref(), &now, subs, generation, renames) {
+                match snapshot(r.admin.as_ref()).await {
+                    Ok(now) => match judge(base.as_ref(), &now, expected, renames) {
                         Some(Ok(())) => {
                             return (
                                 r.name,
@@ -495,18 +672,17 @@ async fn confirm(
                         }
                         Some(Err(detail)) => return (r.name, Ack::Rejected { detail }),
                         None => {
-                            last = match generation {
-                                Some(g) => format!(
-                                    "versions {:?}, waiting for \"{g}\"",
-                                    subs.iter()
-                                        .map(|s| now
-                                            .get(s)
-                                            .map(|st| st.version.as_str())
-                                            .unwrap_or("-"))
-                                        .collect::<Vec<_>>()
-                                ),
-                                None => "waiting for every subscription to reload".into(),
-                            }
+                            last = format!(
+                                "versions {:?}, waiting for {:?}",
+                                expected
+                                    .keys()
+                                    .map(|s| now
+                                        .get(s)
+                                        .map(|st| st.version.as_str())
+                                        .unwrap_or("-"))
+                                    .collect::<Vec<_>>(),
+                                expected.values().collect::<Vec<_>>()
+                            )
                         }
                     },
                     Err(e) => last = format!("{e:#}"),
@@ -596,18 +772,23 @@ mod tests {
             "listener_manager.lds".to_string(),
         ];
         assert_eq!(confirmed_generation(&now, &subs), Some(7));
-        assert_eq!(judge(None, &now, &subs, Some(7), 1), Some(Ok(())));
+        let want = |v: &str| -> BTreeMap<String, Option<String>> {
+            subs.iter()
+                .map(|s| (s.clone(), Some(v.to_string())))
+                .collect()
+        };
+        assert_eq!(judge(None, &now, &want("7"), 1), Some(Ok(())));
         let mut before = now.clone();
         before.get_mut("http.web.rds.web").unwrap().refused = 1;
         before.get_mut("http.web.rds.web").unwrap().attempts = 4;
         before.get_mut("listener_manager.lds").unwrap().attempts = 4;
         // Generation 8 was written once; the routes refused it.
-        let verdict = judge(Some(&before), &now, &subs, Some(8), 1);
+        let verdict = judge(Some(&before), &now, &want("8"), 1);
         assert!(
             matches!(verdict, Some(Err(ref d)) if d.contains("http.web.rds.web")),
             "{verdict:?}"
         );
         // Two renames, only one processed: keep waiting.
-        assert_eq!(judge(Some(&before), &now, &subs, Some(8), 2), None);
+        assert_eq!(judge(Some(&before), &now, &want("8"), 2), None);
     }
 }

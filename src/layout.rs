@@ -31,6 +31,8 @@ pub const CDS_FILE: &str = "cds.yaml";
 /// Routes live in their own file (RDS) so a route change never drains a listener.
 pub const RDS_FILE: &str = "rds.yaml";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
+/// The longest Unix socket path berth can connect to (`sun_path` is 108 bytes with the NUL).
+pub const MAX_SOCKET_PATH: usize = 107;
 
 /// Host-side paths for one proxy under a state directory.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -59,9 +59,13 @@ pub enum Mode {
     Quiet,
 }
 
+/// Called with every event, whatever the mode (serve records progress with it).
+type Hook = Box<dyn Fn(&Event) + Send + Sync>;
+
 pub struct Reporter {
     mode: Mode,
     spinner: Option<ProgressBar>,
+    hook: Option<Hook>,
 }
 
 impl Reporter {
@@ -75,7 +79,17 @@ impl Reporter {
             bar.enable_steady_tick(Duration::from_millis(120));
             bar
         });
-        Reporter { mode, spinner }
+        Reporter {
+            mode,
+            spinner,
+            hook: None,
+        }
+    }
+
+    /// Also calls `hook` with every event.
+    pub fn on_event(mut self, hook: impl Fn(&Event) + Send + Sync + 'static) -> Reporter {
+        self.hook = Some(Box::new(hook));
+        self
     }
 
     pub fn quiet() -> Reporter {
@@ -93,6 +107,9 @@ impl Reporter {
 
     /// Reports a finished step.
     pub fn event(&self, event: Event) {
+        if let Some(hook) = &self.hook {
+            hook(&event);
+        }
         match self.mode {
             Mode::Quiet => {}
             Mode::Json => {

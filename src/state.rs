@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::engine::{REPLICA_GID, REPLICA_UID};
+use crate::replica::{REPLICA_GID, REPLICA_UID};
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::replica::{DesiredProxy, TlsFile};
 

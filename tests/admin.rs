@@ -6,7 +6,7 @@ use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
 use berth::admin::{version_number, Admin, ReadyState};
-use berth::engine::Engine;
+use berth::engine::{ContainerEngine, DockerEngine};
 use berth::preflight::tcp_ports_listened_by;
 use common::{ensure_test_image, free_port, wait_live, Cleanup, Fixture, TEST_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -68,22 +68,19 @@ where
 async fn admin_over_the_socket_of_a_real_replica() {
     let image = ensure_test_image();
     let cleanup = Cleanup::new("adm");
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let port = free_port();
     let fx = Fixture::new(port);
     let name = format!("berth-{}-0", cleanup.case);
     let replica = fx.replica("adm", 0, &name, image);
-    let id = engine
-        .create_replica(&replica, &cleanup.labels())
-        .await
-        .unwrap();
+    let id = common::run_replica(&engine, replica, &cleanup).await;
     let admin = fx.admin(&name);
 
     assert_eq!(
         wait_live(&admin, Duration::from_secs(30)).await,
         ReadyState::Live,
         "logs:\n{}",
-        engine.logs_tail(&id, 20).await.unwrap_or_default()
+        engine.logs(&id, Some(20)).await.unwrap_or_default()
     );
 
     // The socket is 0600 and owned by the replica's user.
@@ -242,17 +239,14 @@ async fn a_silent_socket_times_out() {
 async fn two_replicas_share_one_port() {
     let image = ensure_test_image();
     let cleanup = Cleanup::new("two");
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let port = free_port();
     let fx = Fixture::new(port);
     let mut admins = Vec::new();
     for slot in 0..2 {
         let name = format!("berth-{}-{slot}", cleanup.case);
         let replica = fx.replica("two", slot, &name, image);
-        engine
-            .create_replica(&replica, &cleanup.labels())
-            .await
-            .unwrap();
+        common::run_replica(&engine, replica, &cleanup).await;
         admins.push(fx.admin(&name));
     }
     for admin in &admins {

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use berth::admin::{Admin, ReadyState};
 use berth::crashpoint;
-use berth::engine::Engine;
+use berth::engine::{ContainerEngine, DockerEngine};
 use berth::layout;
 use berth::replica::{ObservedContainer, LABEL_NAME};
 use common::fleet::*;
@@ -24,13 +24,13 @@ const N: usize = 3;
 
 /// Samples the number of LIVE replicas every 50 ms; keeps the minimum.
 fn sample_ready(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
-    let filter = fleet.cleanup.filter();
+    let filter = fleet.cleanup.label_filter();
     let state = fleet.state();
     tokio::spawn(async move {
-        let engine = Engine::connect().await.unwrap();
+        let engine = DockerEngine::connect().await.unwrap();
         let min = AtomicUsize::new(usize::MAX);
         while !stop.load(Ordering::Relaxed) {
-            let cs = engine.observe_labelled(&filter).await.unwrap_or_default();
+            let cs = engine.observe(&filter).await.unwrap_or_default();
             let mut live = 0;
             for c in cs.iter().filter(|c| c.is_managed()) {
                 let run = c.label(LABEL_NAME).unwrap_or(&c.name);
@@ -85,7 +85,7 @@ async fn assert_recovered(fleet: &Fleet, version: &str, step: &str) -> Vec<Obser
     fleet.assert_serving(N as u32, version).await;
     let all = fleet
         .engine
-        .observe_labelled(&fleet.cleanup.filter())
+        .observe(&fleet.cleanup.label_filter())
         .await
         .unwrap();
     assert_eq!(all.len(), N, "orphans after a crash at {step}: {all:#?}");

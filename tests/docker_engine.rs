@@ -1,20 +1,24 @@
-//! docker.rs against the real engine and the local Envoy image.
+//! The Docker implementation of the container-engine seam against the real engine and the
+//! local Envoy image.
 
 mod common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use berth::engine::{Engine, REPLICA_USER};
+use berth::engine::{ContainerEngine, DockerEngine, EngineError, LabelFilter, OneShot};
 use berth::layout;
-use berth::replica::{Mount, RunState, LABEL_PROXY, LABEL_TEST};
+use berth::replica::{
+    Mount, ReplicaContainer, RunState, LABEL_MANAGED_BY, LABEL_PROXY, LABEL_TEST, MANAGED_BY_VALUE,
+    REPLICA_USER,
+};
 use bollard::models::{ContainerCreateBody, RestartPolicyNameEnum};
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 use common::{ensure_test_image, free_port, unique, Cleanup, Fixture};
 
 #[tokio::test]
 async fn connect_negotiates_the_api_version() {
-    let engine = Engine::connect().await.expect("connect");
+    let engine = DockerEngine::connect().await.expect("connect");
     let v = engine.api_version();
     let (major, minor) = v.split_once('.').unwrap();
     let (major, minor): (u32, u32) = (major.parse().unwrap(), minor.parse().unwrap());
@@ -34,7 +38,7 @@ async fn connect_negotiates_the_api_version() {
 #[tokio::test]
 async fn ensure_image_present_and_absent() {
     let image = ensure_test_image();
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let id = engine
         .ensure_image(image, false)
         .await
@@ -56,29 +60,28 @@ async fn ensure_image_present_and_absent() {
     );
 }
 
+/// The replica with the test's labels on.
+fn labelled(mut replica: ReplicaContainer, cleanup: &Cleanup) -> ReplicaContainer {
+    replica.labels.extend(cleanup.labels());
+    replica
+}
+
+async fn state(engine: &DockerEngine, id: &str) -> Option<RunState> {
+    engine.status(id).await.unwrap().map(|s| s.state)
+}
+
 #[tokio::test]
 async fn replica_runs_hardened_and_is_observed() {
     let image = ensure_test_image();
     let cleanup = Cleanup::new("hard");
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let fx = Fixture::new(free_port());
     let proxy = unique("p");
     let name = format!("berth-{}-0", cleanup.case);
-    let replica = fx.replica(&proxy, 0, &name, image);
+    let replica = labelled(fx.replica(&proxy, 0, &name, image), &cleanup);
 
-    let id = engine
-        .create_replica(&replica, &cleanup.labels())
-        .await
-        .expect("create_replica");
-
-    // The run directory was prepared for uid 101, mode 0700.
-    {
-        use std::os::unix::fs::MetadataExt;
-        let md = std::fs::metadata(fx.run_dir(&name)).unwrap();
-        assert_eq!(md.uid(), 101);
-        assert_eq!(md.gid(), 101);
-        assert_eq!(md.mode() & 0o777, 0o700);
-    }
+    let id = engine.create(&replica).await.expect("create");
+    engine.start(&id).await.expect("start");
 
     // Inspect with bollard and check every setting.
     let inspect = engine
@@ -113,7 +116,7 @@ async fn replica_runs_hardened_and_is_observed() {
         .unwrap();
     assert_eq!(boot.read_only, Some(true));
     let config = inspect.config.clone().unwrap();
-    assert_eq!(config.user.as_deref(), Some(REPLICA_USER));
+    assert_eq!(config.user, Some(REPLICA_USER.to_string()));
     assert_eq!(config.cmd.as_ref(), Some(&replica.args));
     assert_eq!(
         config.entrypoint,
@@ -134,7 +137,7 @@ async fn replica_runs_hardened_and_is_observed() {
     // Logs: Envoy logs at start-up.
     let start = Instant::now();
     let logs = loop {
-        let logs = engine.logs_tail(&id, 5).await.unwrap();
+        let logs = engine.logs(&id, Some(5)).await.unwrap();
         if !logs.trim().is_empty() || start.elapsed() > Duration::from_secs(10) {
             break logs;
         }
@@ -167,7 +170,10 @@ async fn replica_runs_hardened_and_is_observed() {
     engine.start(&foreign).await.unwrap();
 
     let calls_before = engine.api_calls();
-    let observed = engine.observe().await.expect("observe");
+    let observed = engine
+        .observe(&LabelFilter::default().with(LABEL_MANAGED_BY, Some(MANAGED_BY_VALUE)))
+        .await
+        .expect("observe");
     let calls = engine.api_calls() - calls_before;
     assert!(
         observed.iter().all(|c| c.is_managed()),
@@ -197,67 +203,103 @@ async fn replica_runs_hardened_and_is_observed() {
     assert_eq!(mine.live.restart_policy, "unless-stopped");
 
     // The test's own label filter sees both.
-    let mine_all = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    let mine_all = engine.observe(&cleanup.label_filter()).await.unwrap();
     assert_eq!(mine_all.len(), 2);
 
     // Stop, state, start again.
     engine.stop(&id, Duration::from_secs(5)).await.unwrap();
-    assert_eq!(engine.state(&id).await.unwrap(), Some(RunState::Exited));
+    assert_eq!(state(&engine, &id).await, Some(RunState::Exited));
     engine
         .stop(&id, Duration::from_secs(5))
         .await
         .expect("stop twice");
     engine.start(&id).await.unwrap();
-    assert_eq!(engine.state(&id).await.unwrap(), Some(RunState::Running));
+    assert_eq!(state(&engine, &id).await, Some(RunState::Running));
 
     // Remove is idempotent; a removed container has no state.
     engine.remove(&id).await.unwrap();
     engine.remove(&id).await.expect("remove twice");
-    assert_eq!(engine.state(&id).await.unwrap(), None);
+    assert_eq!(state(&engine, &id).await, None);
 
     // A second create of the same name works (stale run directory reused).
-    let id2 = engine
-        .create_replica(&replica, &cleanup.labels())
-        .await
-        .expect("re-create");
+    let id2 = engine.create(&replica).await.expect("re-create");
     assert_ne!(id, id2);
-    assert_eq!(engine.remove_labelled(&cleanup.filter()).await.unwrap(), 2);
-    assert_eq!(engine.state(&id2).await.unwrap(), None);
+    assert_eq!(
+        engine
+            .remove_matching(&cleanup.label_filter())
+            .await
+            .unwrap(),
+        2
+    );
+    assert_eq!(state(&engine, &id2).await, None);
 }
 
 #[tokio::test]
 async fn create_with_a_taken_name_fails_clearly() {
     let image = ensure_test_image();
     let cleanup = Cleanup::new("dup");
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let fx = Fixture::new(free_port());
     let name = format!("berth-{}-0", cleanup.case);
-    let replica = fx.replica("dup", 0, &name, image);
-    engine.create(&replica, &cleanup.labels()).await.unwrap();
-    let err = engine
-        .create(&replica, &cleanup.labels())
-        .await
-        .expect_err("name taken");
-    let msg = format!("{err:#}");
-    assert!(msg.contains(&name) && msg.contains("409"), "{msg}");
+    let replica = labelled(fx.replica("dup", 0, &name, image), &cleanup);
+    engine.create(&replica).await.unwrap();
+    let err = engine.create(&replica).await.expect_err("name taken");
+    assert!(err.is_conflict(), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains(&name) && msg.contains("Docker Engine") && msg.contains("refused"),
+        "the engine says it refused, in its own words: {msg}"
+    );
+}
+
+/// `envoy --mode validate` as a throw-away container: Envoy's verdict is an exit code with its
+/// output; the engine's own failure is an error of the engine.
+fn validate_job(image: &str, mounts: Vec<Mount>, config: &str, cleanup: &Cleanup) -> OneShot {
+    OneShot {
+        image: image.to_string(),
+        args: [
+            "--mode",
+            "validate",
+            "-c",
+            config,
+            "--service-node",
+            "v",
+            "--service-cluster",
+            "v",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect(),
+        mounts,
+        labels: cleanup.labels(),
+        hardening: berth::replica::Hardening {
+            user: REPLICA_USER,
+            read_only_rootfs: true,
+            cap_drop_all: true,
+            cap_add: Vec::new(),
+            no_new_privileges: true,
+        },
+        timeout: Duration::from_secs(60),
+    }
 }
 
 #[tokio::test]
-async fn validate_accepts_good_and_rejects_broken_bootstraps() {
+async fn one_shot_containers_report_envoys_verdict() {
     let image = ensure_test_image();
     let cleanup = Cleanup::new("val");
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
     let fx = Fixture::new(free_port());
     let mounts = vec![fx.bootstrap_mount()];
-    engine
-        .validate(
+    let ok = engine
+        .run_to_completion(&validate_job(
             image,
-            &mounts,
+            mounts.clone(),
             layout::CONTAINER_BOOTSTRAP,
-            &cleanup.labels(),
-        )
+            &cleanup,
+        ))
         .await
-        .expect("the good bootstrap validates");
+        .expect("it ran");
+    assert_eq!(ok.code, 0, "the good bootstrap validates: {}", ok.output);
 
     // A listener with an unknown field: Envoy rejects it.
     let broken = common::bootstrap_yaml(fx.port).replace(
@@ -265,37 +307,57 @@ async fn validate_accepts_good_and_rejects_broken_bootstraps() {
         "enable_reuse_port: true\n    no_such_field: 1",
     );
     fx.write_bootstrap(&broken);
-    let err = engine
-        .validate(
+    let bad = engine
+        .run_to_completion(&validate_job(
             image,
-            &mounts,
+            mounts,
             layout::CONTAINER_BOOTSTRAP,
-            &cleanup.labels(),
-        )
+            &cleanup,
+        ))
         .await
-        .expect_err("the broken bootstrap is rejected");
-    let msg = format!("{err:#}");
-    assert!(msg.contains("no_such_field"), "Envoy's message: {msg}");
-    assert!(msg.contains("exit code 1"), "{msg}");
+        .expect("it ran");
+    assert_eq!(bad.code, 1, "{}", bad.output);
+    assert!(
+        bad.output.contains("no_such_field"),
+        "Envoy's message: {}",
+        bad.output
+    );
 
     // A missing file is Envoy's error too.
-    let err = engine
-        .validate(
+    let missing = engine
+        .run_to_completion(&validate_job(
             image,
-            &[Mount {
+            vec![Mount {
                 source: fx.bootstrap_dir(),
                 target: "/cfg".into(),
                 read_only: false,
             }],
             "/cfg/missing.yaml",
-            &cleanup.labels(),
-        )
+            &cleanup,
+        ))
         .await
-        .expect_err("missing file");
-    assert!(format!("{err:#}").contains("missing.yaml"), "{err:#}");
+        .expect("it ran");
+    assert_ne!(missing.code, 0);
+    assert!(
+        missing.output.contains("missing.yaml"),
+        "{}",
+        missing.output
+    );
+
+    // An image the engine does not have is the engine's failure, not Envoy's verdict.
+    let err = engine
+        .run_to_completion(&validate_job(
+            "berth-test/does-not-exist:1",
+            Vec::new(),
+            "/x.yaml",
+            &cleanup,
+        ))
+        .await
+        .expect_err("no such image");
+    assert!(matches!(err, EngineError::Refused { .. }), "{err:?}");
 
     // Every validate container was removed.
-    let left = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    let left = engine.observe(&cleanup.label_filter()).await.unwrap();
     assert!(left.is_empty(), "left behind: {left:?}");
 }
 
@@ -304,7 +366,10 @@ async fn validate_accepts_good_and_rejects_broken_bootstraps() {
 #[tokio::test]
 async fn unreachable_engine_is_a_clear_error() {
     if std::env::var("BERTH_TEST_CHILD").is_ok() {
-        let err = Engine::connect().await.err().expect("no engine there");
+        let err = DockerEngine::connect()
+            .await
+            .err()
+            .expect("no engine there");
         println!("ERROR: {err:#}");
         return;
     }
@@ -322,7 +387,7 @@ async fn unreachable_engine_is_a_clear_error() {
     assert!(out.status.success(), "{stdout}");
     let line = stdout.lines().find(|l| l.starts_with("ERROR: ")).unwrap();
     assert!(
-        line.contains("/tmp/berth-no-such-docker.sock") && line.contains("is dockerd running?"),
+        line.contains("/tmp/berth-no-such-docker.sock") && line.contains("is it running?"),
         "{line}"
     );
 }

@@ -1,16 +1,19 @@
 //! The readiness gate means serving, not only initialised: a replica whose listener cannot
 //! bind reports /ready LIVE all the same (Envoy only logs a rejected LDS update), and berth must
-//! refuse it. Preflight normally catches a held port, so this drives the library's rollout
-//! directly, as a port taken between preflight and start would.
+//! refuse it. Preflight normally catches a held port, so this drives the infrastructure's
+//! converge directly (no host preparation), as a port taken between preflight and start would.
 
 mod common;
 
 use std::path::Path;
+use std::sync::Arc;
 
-use berth::engine::Engine;
+use berth::admin::SocketConnector;
+use berth::engine::{ContainerEngine, DockerEngine};
+use berth::infrastructure::docker_host::DockerHost;
+use berth::infrastructure::{ConvergeError, ConvergeRequest, Gate, Infrastructure};
 use berth::progress::Reporter;
 use berth::render::Renderer;
-use berth::rollout::{Gate, GateFailure, Rollout};
 use berth::source::file;
 use berth::state::StateDir;
 use berth::target;
@@ -46,28 +49,35 @@ direct_response = {{ status = 200 }}
     let state_path = dir.path().join("s");
     let state = StateDir::open(&state_path).unwrap();
     let targets = target::targets(&config.infra, &Renderer::builtin(), &state_path, 2).unwrap();
-    let engine = Engine::connect().await.unwrap();
+    let engine = DockerEngine::connect().await.unwrap();
+    let host = DockerHost::new(
+        Arc::new(engine.clone()),
+        Arc::new(SocketConnector),
+        state,
+        cleanup.labels(),
+    );
     let reporter = Reporter::quiet();
-    let rollout = Rollout {
-        engine: &engine,
-        state: &state,
-        reporter: &reporter,
-        extra_labels: cleanup.labels(),
-        cancel: CancellationToken::new(),
-    };
-    let err = rollout
-        .converge(&targets, &[])
+    let err = host
+        .converge(ConvergeRequest {
+            target: &targets[0],
+            generation: None,
+            hold_files: false,
+            confirm_timeout: std::time::Duration::from_secs(5),
+            reporter: &reporter,
+            cancel: CancellationToken::new(),
+        })
         .await
         .expect_err("a replica without its listener must not pass the gate");
-    let failure = err
-        .downcast_ref::<GateFailure>()
-        .unwrap_or_else(|| panic!("expected a gate failure, got {err:#}"));
+    let ConvergeError::Gate(failure) = err else {
+        panic!("expected a gate failure, got {err}");
+    };
     assert_eq!(failure.gate, Gate::Listeners, "{failure}");
     assert!(
-        failure.log_tail.contains("cannot bind"),
-        "the log tail shows Envoy's reason:\n{}",
+        failure.why.iter().any(|l| l.contains("cannot bind")),
+        "the lines that say why show Envoy's reason: {:?}\n{}",
+        failure.why,
         failure.log_tail
     );
-    let left = engine.observe_labelled(&cleanup.filter()).await.unwrap();
+    let left = engine.observe(&cleanup.label_filter()).await.unwrap();
     assert!(left.is_empty(), "the failed replica is removed: {left:?}");
 }

@@ -159,7 +159,7 @@ direct_response = {{ status = 200, body = "low\n" }}
     let copied_key = state.join("proxies/sec-high/tls/https/key.pem");
     let md = fs::metadata(&copied_key).unwrap();
     assert_eq!(md.permissions().mode() & 0o777, 0o400, "copied key mode");
-    assert_eq!(md.uid(), berth::engine::REPLICA_UID);
+    assert_eq!(md.uid(), berth::replica::REPLICA_UID);
 
     let containers = inspect(&cleanup);
     assert_eq!(containers.len(), 3);

@@ -11,7 +11,7 @@ use bollard::query_parameters::LogsOptionsBuilder;
 use futures_util::{Stream, StreamExt};
 use tokio::sync::mpsc;
 
-use crate::engine::Engine;
+use crate::engine::{ContainerEngine, DockerEngine as Engine, LabelFilter};
 use crate::logs::{self, Line, LineSplitter, Printer, Selector};
 use crate::replica::{ObservedContainer, RunState, LABEL_MANAGED_BY, MANAGED_BY_VALUE};
 
@@ -259,11 +259,12 @@ type Starts = std::pin::Pin<Box<dyn Stream<Item = Result<String>> + Send>>;
 fn starts(engine: &Engine) -> Starts {
     Box::pin(
         engine
-            .events(
-                &format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}"),
-                &["start"],
-            )
-            .map(|e| e.map(|e| e.id)),
+            .events(&LabelFilter::default().with(LABEL_MANAGED_BY, Some(MANAGED_BY_VALUE)))
+            .filter(|e| {
+                let start = e.as_ref().map_or(true, |e| e.action == "start");
+                async move { start }
+            })
+            .map(|e| e.map(|e| e.id).map_err(anyhow::Error::from)),
     )
 }
 
@@ -282,6 +283,30 @@ fn nothing_selected(selector: &Selector) -> String {
         (Some(p), None) => format!("no replicas of proxy {p:?}"),
         (Some(p), Some(s)) => format!("no replica {s} of proxy {p:?}"),
     }
+}
+
+/// The containers of this berth (this state directory, these labels) of the proxies in the
+/// config, in the state directory, or named.
+async fn owned(
+    engine: &Engine,
+    names: &BTreeSet<String>,
+    state: &crate::state::StateDir,
+    labels: &BTreeMap<String, String>,
+) -> Result<Vec<ObservedContainer>> {
+    let mut known = names.clone();
+    known.extend(state.proxies()?);
+    let mut filter = LabelFilter::default()
+        .with(LABEL_MANAGED_BY, Some(MANAGED_BY_VALUE))
+        .with(
+            crate::replica::LABEL_STATE_DIR,
+            Some(&state.root().display().to_string()),
+        );
+    for (k, v) in labels {
+        filter = filter.with(k, Some(v));
+    }
+    let mut found = engine.observe(&filter).await?;
+    found.retain(|c| c.proxy().is_some_and(|p| known.contains(p)));
+    Ok(found)
 }
 
 /// The proxies a selector names, for the caller's scope.
@@ -311,12 +336,9 @@ pub(super) async fn command(cli: &super::Cli) -> Result<()> {
         .transpose()
         .map_err(bad)?;
     let tail = logs::parse_tail(tail).map_err(bad)?;
-    let config = super::load_optional(cli)?;
-    let state = crate::state::StateDir::at(&super::state_dir(cli, config.as_ref()));
-    let mut names: BTreeSet<String> = config
-        .iter()
-        .flat_map(|c| c.infra.proxies.iter().map(|p| p.name.clone()))
-        .collect();
+    let resolved = super::settings::Resolved::load_optional(cli)?;
+    let state = crate::state::StateDir::at(&resolved.state_dir);
+    let mut names: BTreeSet<String> = resolved.names();
     names.extend(proxies_named(&selector));
     let engine = Engine::connect().await?;
     let request = Request {
@@ -327,7 +349,8 @@ pub(super) async fn command(cli: &super::Cli) -> Result<()> {
         timestamps: *timestamps,
         prefix: !no_log_prefix,
     };
-    let observe = || super::owned(&engine, &names, &state);
+    let labels = cli.container_labels();
+    let observe = || owned(&engine, &names, &state, &labels);
     match run(&engine, request, observe).await {
         // `berth logs | head`: the reader is gone, which is not a failure.
         Err(e)

@@ -1,33 +1,17 @@
-//! The only module that talks to the Docker engine (bollard).
+//! The Docker Engine API implementation of [`ContainerEngine`] (bollard). Podman's
+//! Docker-compatible API is spoken the same way.
 //!
-//! [`Engine`] is a thin, policy-free client: it observes berth's containers, creates, starts,
-//! stops and removes them, makes sure images are present, and runs `envoy --mode validate` in a
-//! throw-away container. It never plans and never waits for Envoy to be ready; that is the
-//! rollout's job (with [`crate::admin`]).
-//!
-//! Decisions taken here:
-//! - **User.** Every replica (and every validate container) runs as [`REPLICA_USER`]
-//!   (`101:101`, the `envoy` user of Envoy's official image and of `scripts/envoy-image.sh`),
-//!   whatever `USER` the image declares. Two reasons: SO_REUSEPORT only lets sockets share a
-//!   port when they belong to the same effective UID, so an old and a new replica from different
-//!   images must run as the same UID for a start-first replacement to bind; and berth has to
-//!   hand each replica's run directory to a numeric UID it knows before the container starts.
-//! - **Run directory.** The mount whose target is [`layout::CONTAINER_RUN_DIR`] is the replica's
-//!   own admin-socket directory. [`Engine::create`] creates it on the host, owned by
-//!   [`REPLICA_UID`]:[`REPLICA_GID`] with mode 0700, so Envoy (non-root, read-only root
-//!   filesystem) can create its admin socket there and nobody else can reach it. That needs berth
-//!   to run as root (or as uid 101).
-//! - Everything else a replica runs with is hardening from DESIGN decisions 1, 8 and 9: host
-//!   networking, restart policy `unless-stopped`, read-only root filesystem, `cap_drop ALL` plus
-//!   the spec's `cap_add`, `no-new-privileges`, CPU and memory limits.
+//! A thin, policy-free translation: every request is one Engine API call (counted, for
+//! benchmarks); errors carry the engine's own words and say that they are the engine's
+//! ([`EngineError::Refused`]), never Envoy's. The API version is negotiated down to what the
+//! daemon speaks (Debian's docker.io 20.10 answers 1.41).
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use anyhow::{anyhow, bail, Context, Result};
+use async_trait::async_trait;
 use bollard::errors::Error as BollardError;
 use bollard::models::{
     ContainerCreateBody, ContainerInspectResponse, ContainerStateStatusEnum,
@@ -35,82 +19,50 @@ use bollard::models::{
     RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, ListContainersOptionsBuilder,
-    LogsOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
+    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
+    StopContainerOptionsBuilder,
 };
 use bollard::Docker;
 use futures_util::{StreamExt, TryStreamExt};
 
-use crate::layout;
-use crate::replica::{
-    ContainerInfo, LiveSettings, Mount, ObservedContainer, ReplicaContainer, RunState,
-    LABEL_MANAGED_BY, LABEL_PROXY, LABEL_STATE_DIR, MANAGED_BY_VALUE,
+use super::{
+    ContainerEngine, ContainerEvent, ContainerInfo, ContainerStatus, EngineError, EngineResult,
+    Events, Exited, Hardening, LabelFilter, LiveSettings, Mount, Network, ObservedContainer,
+    OneShot, ReplicaContainer, RunState,
 };
 
-/// The UID every replica runs as (see the module docs).
-pub const REPLICA_UID: u32 = 101;
-/// The GID every replica runs as.
-pub const REPLICA_GID: u32 = 101;
-/// `user` of every replica container.
-pub const REPLICA_USER: &str = "101:101";
-/// Label on `envoy --mode validate` containers, so a leftover one can be recognised.
-pub const LABEL_VALIDATE: &str = "io.berth.validate";
-
-/// The longest Unix socket path berth can connect to (`sun_path` is 108 bytes with the NUL).
-pub const MAX_SOCKET_PATH: usize = 107;
-/// How long `validate` may take before it is abandoned.
-const VALIDATE_TIMEOUT: Duration = Duration::from_secs(60);
 /// bollard's per-request timeout; `stop` raises it for its own request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// Inspects in flight at once while observing.
+const INSPECT_CONCURRENCY: usize = 16;
+/// The container actions [`ContainerEngine::events`] reports.
+const EVENT_ACTIONS: &[&str] = &[
+    "create", "start", "restart", "die", "destroy", "update", "rename", "stop", "kill", "oom",
+    "pause", "unpause",
+];
 
-/// A connection to the Docker engine.
+/// A connection to a Docker (or Docker-compatible) engine.
 #[derive(Clone)]
-pub struct Engine {
+pub struct DockerEngine {
     docker: Docker,
-    /// API requests made since `connect` (including version negotiation), for benchmarks.
+    endpoint: String,
+    /// "Docker Engine 20.10.24", learnt when first needed for a message.
+    product: Arc<OnceLock<String>>,
+    /// API requests made since `connect` (including version negotiation).
     calls: Arc<AtomicU64>,
 }
 
-/// What `inspect` tells about a container's process, beyond [`RunState`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerStatus {
-    pub state: RunState,
-    /// The exit code of the last run (0 while running or never started).
-    pub exit_code: Option<i64>,
-    /// The host PID of the container's main process while it runs.
-    pub pid: Option<i64>,
-    pub oom_killed: bool,
-    pub restart_count: Option<i64>,
-    /// RFC 3339, as Docker reports it.
-    pub started_at: Option<String>,
-    /// Docker's error for the last start, if any.
-    pub error: Option<String>,
-}
-
-/// One container event from [`Engine::events`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContainerEvent {
-    /// die, destroy, stop, kill, oom, update, rename, …
-    pub action: String,
-    pub id: String,
-    /// The container's `io.berth.proxy` label.
-    pub proxy: Option<String>,
-    /// The container's name (without the leading slash).
-    pub name: Option<String>,
-}
-
-impl Engine {
-    /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`) and negotiates the
-    /// API version down to what the daemon speaks.
-    pub async fn connect() -> Result<Engine> {
-        let where_ = docker_host_description();
+impl DockerEngine {
+    /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`) and negotiates
+    /// the API version down to what the daemon speaks.
+    pub async fn connect() -> EngineResult<DockerEngine> {
+        let endpoint = endpoint_description();
         let calls = Arc::new(AtomicU64::new(0));
         let counter = calls.clone();
-        let unreachable = |e: BollardError| {
-            anyhow!(
-                "the Docker engine at {where_} does not answer: {e}; is dockerd running? \
-                 (set DOCKER_HOST to use another engine)"
-            )
+        let unreachable = |e: BollardError| EngineError::Unreachable {
+            endpoint: endpoint.clone(),
+            message: e.to_string(),
         };
         let docker = Docker::connect_with_local_defaults()
             .map_err(unreachable)?
@@ -120,11 +72,16 @@ impl Engine {
                 req
             });
         let docker = docker.negotiate_version().await.map_err(unreachable)?;
-        Ok(Engine { docker, calls })
+        Ok(DockerEngine {
+            docker,
+            endpoint,
+            product: Arc::new(OnceLock::new()),
+            calls,
+        })
     }
 
-    /// The bollard client, for callers that need an engine call this module does not wrap
-    /// (tests inspecting what `create_replica` made).
+    /// The bollard client, for callers that need an engine call the seam does not have
+    /// (tests inspecting what `create` made).
     pub fn client(&self) -> &Docker {
         &self.docker
     }
@@ -135,125 +92,94 @@ impl Engine {
         format!("{}.{}", v.major_version, v.minor_version)
     }
 
-    /// Engine API requests made so far.
-    pub fn api_calls(&self) -> u64 {
-        self.calls.load(Ordering::Relaxed)
+    /// Removes every container matching `filter`, in any state. Returns how many.
+    pub async fn remove_matching(&self, filter: &LabelFilter) -> EngineResult<usize> {
+        let ids: Vec<String> = self
+            .list(filter)
+            .await?
+            .into_iter()
+            .filter_map(|c| c.id)
+            .collect();
+        futures_util::stream::iter(ids.iter().map(|id| self.remove(id)))
+            .buffer_unordered(8)
+            .try_collect::<Vec<_>>()
+            .await?;
+        Ok(ids.len())
     }
 
-    /// Whether the engine answers (`GET /_ping`).
-    pub async fn ping(&self) -> bool {
-        self.docker.ping().await.is_ok()
-    }
-
-    /// Every container carrying berth's managed-by label, in any state, as the planner sees
-    /// it: one list call filtered by label, then one inspect per container (concurrently) for
-    /// what list cannot tell: memory, CPUs and restart policy.
-    pub async fn observe(&self) -> Result<Vec<ObservedContainer>> {
-        let filter = format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}");
-        let mut found = self.observe_labelled(&filter).await?;
-        // The daemon filtered already; never hand the planner anything else.
-        found.retain(ObservedContainer::is_managed);
-        Ok(found)
-    }
-
-    /// Like [`Engine::observe`], but only the containers of the named proxies made by the berth
-    /// of `state_dir` are inspected
-    /// (and returned): one list call plus one inspect per container of those proxies, however
-    /// many other berth containers (other state directories, test runs) the host has.
-    pub async fn observe_proxies(
-        &self,
-        proxies: &std::collections::BTreeSet<String>,
-        state_dir: &Path,
-    ) -> Result<Vec<ObservedContainer>> {
-        let filter = format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}");
-        let mut summaries = self.list_labelled(&filter).await?;
-        summaries.retain(|s| {
-            s.labels.as_ref().is_some_and(|l| {
-                l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_VALUE)
-                    && l.get(LABEL_PROXY).is_some_and(|p| proxies.contains(p))
-                    && l.get(LABEL_STATE_DIR)
-                        .is_none_or(|d| Path::new(d) == state_dir)
-            })
-        });
-        let mut found = self.inspect_all(summaries).await?;
-        found.retain(ObservedContainer::is_managed);
-        Ok(found)
-    }
-
-    /// Every container matching a label filter (`key` or `key=value`), any state, with the same
-    /// detail as [`Engine::observe`].
-    pub async fn observe_labelled(&self, label_filter: &str) -> Result<Vec<ObservedContainer>> {
-        let summaries = self.list_labelled(label_filter).await?;
-        self.inspect_all(summaries).await
-    }
-
-    /// One inspect per listed container (concurrently), for what list cannot tell.
-    async fn inspect_all(
-        &self,
-        summaries: Vec<bollard::models::ContainerSummary>,
-    ) -> Result<Vec<ObservedContainer>> {
-        let inspects = futures_util::stream::iter(summaries.into_iter().map(|s| async move {
-            let id = s.id.clone().unwrap_or_default();
-            match self.docker.inspect_container(&id, None).await {
-                Ok(inspect) => Ok(Some(observed_from(s, &inspect))),
-                // Removed between list and inspect: it is gone, not an error.
-                Err(e) if is_not_found(&e) => Ok(None),
-                Err(e) => Err(anyhow!(e).context(format!("inspecting container {id}"))),
+    /// The engine's product name and version, asked once.
+    async fn product(&self) -> String {
+        if let Some(p) = self.product.get() {
+            return p.clone();
+        }
+        let name = match self.docker.version().await {
+            Ok(v) => {
+                let product = v
+                    .platform
+                    .map(|p| p.name)
+                    .filter(|n| !n.is_empty())
+                    .or_else(|| {
+                        v.components
+                            .and_then(|c| c.into_iter().next())
+                            .map(|c| c.name)
+                    })
+                    .unwrap_or_else(|| "container engine".to_string());
+                match v.version {
+                    Some(version) => format!("{product} {version}"),
+                    None => product,
+                }
             }
-        }))
-        .buffer_unordered(16)
-        .try_collect::<Vec<_>>()
-        .await?;
-        let mut out: Vec<ObservedContainer> = inspects.into_iter().flatten().collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
-        Ok(out)
+            Err(_) => "the container engine".to_string(),
+        };
+        self.product.get_or_init(|| name).clone()
     }
 
-    async fn list_labelled(
+    /// The engine's error, said to be the engine's.
+    async fn refused(&self, operation: impl Into<String>, e: BollardError) -> EngineError {
+        let operation = operation.into();
+        let (status, message) = match e {
+            BollardError::DockerResponseServerError {
+                status_code,
+                message,
+            } => (status_code, message),
+            BollardError::DockerStreamError { error } => (0, error),
+            BollardError::DockerContainerWaitError { error, code } => {
+                (0, format!("{error} (exit code {code})"))
+            }
+            other if is_connection_error(&other) => {
+                return EngineError::Unreachable {
+                    endpoint: self.endpoint.clone(),
+                    message: other.to_string(),
+                }
+            }
+            other => (0, other.to_string()),
+        };
+        EngineError::Refused {
+            engine: format!("{} at {}", self.product().await, self.endpoint),
+            operation,
+            status,
+            message,
+        }
+    }
+
+    async fn list(
         &self,
-        label_filter: &str,
-    ) -> Result<Vec<bollard::models::ContainerSummary>> {
-        let mut filters = HashMap::new();
-        filters.insert("label", vec![label_filter]);
+        filter: &LabelFilter,
+    ) -> EngineResult<Vec<bollard::models::ContainerSummary>> {
+        let values = filter.engine_values();
+        let mut filters: HashMap<&str, Vec<&str>> = HashMap::new();
+        filters.insert("label", values.iter().map(String::as_str).collect());
         let opts = ListContainersOptionsBuilder::default()
             .all(true)
             .filters(&filters)
             .build();
-        self.docker
-            .list_containers(Some(opts))
-            .await
-            .with_context(|| format!("listing containers with label {label_filter}"))
-    }
-
-    /// The local image's ID (`sha256:…`), or None when it is not present.
-    pub async fn image_id(&self, image: &str) -> Result<Option<String>> {
-        match self.docker.inspect_image(image).await {
-            Ok(img) => Ok(img.id),
-            Err(e) if is_not_found(&e) => Ok(None),
-            Err(e) => Err(anyhow!(e).context(format!("inspecting image {image}"))),
+        match self.docker.list_containers(Some(opts)).await {
+            Ok(list) => Ok(list),
+            Err(e) => Err(self.refused("list containers", e).await),
         }
     }
 
-    /// Makes sure `image` is present locally, pulling it when absent (with a progress bar on
-    /// stderr when `progress` is set and stderr is a terminal). Returns the image ID.
-    pub async fn ensure_image(&self, image: &str, progress: bool) -> Result<String> {
-        if let Some(id) = self.image_id(image).await? {
-            return Ok(id);
-        }
-        if let Err(e) = self.pull(image, progress).await {
-            let version = image_version_hint(image);
-            bail!(
-                "image {image} is not present locally and could not be pulled: {e:#}\n\
-                 hint: on a host without a registry, build a local Envoy image with \
-                 `scripts/envoy-image.sh {version}` and use berth/envoy:{version}"
-            );
-        }
-        self.image_id(image)
-            .await?
-            .ok_or_else(|| anyhow!("image {image} was pulled but is not present afterwards"))
-    }
-
-    async fn pull(&self, image: &str, progress: bool) -> Result<()> {
+    async fn pull(&self, image: &str, progress: bool) -> Result<(), String> {
         use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
         let (repo, tag) = split_image(image);
         let opts = CreateImageOptionsBuilder::default()
@@ -282,12 +208,12 @@ impl Engine {
                 Ok(info) => info,
                 Err(e) => {
                     bar.abandon_with_message(format!("pulling {image} failed"));
-                    return Err(docker_error(e));
+                    return Err(e.to_string());
                 }
             };
             if let Some(err) = info.error_detail.and_then(|d| d.message) {
                 bar.abandon_with_message(format!("pulling {image} failed"));
-                bail!("{err}");
+                return Err(err);
             }
             if let (Some(id), Some(detail)) = (info.id, info.progress_detail) {
                 let entry = layers.entry(id).or_default();
@@ -304,167 +230,55 @@ impl Engine {
         bar.finish_with_message(format!("pulled {image}"));
         Ok(())
     }
+}
 
-    /// Creates and starts one replica. Returns the container ID. If the container was created
-    /// but does not start, it is removed again and the error says why.
-    pub async fn create_replica(
-        &self,
-        replica: &ReplicaContainer,
-        extra_labels: &BTreeMap<String, String>,
-    ) -> Result<String> {
-        let id = self.create(replica, extra_labels).await?;
-        if let Err(e) = self.start(&id).await {
-            let _ = self.remove(&id).await;
-            return Err(e.context(format!("replica {} did not start", replica.name)));
+#[async_trait]
+impl ContainerEngine for DockerEngine {
+    fn describe(&self) -> String {
+        match self.product.get() {
+            Some(p) => format!("{p} at {}", self.endpoint),
+            None => format!("the container engine at {}", self.endpoint),
         }
-        Ok(id)
     }
 
-    /// Creates one replica container without starting it (see [`Engine::create_replica`]).
-    /// Prepares its run directory on the host first.
-    pub async fn create(
-        &self,
-        replica: &ReplicaContainer,
-        extra_labels: &BTreeMap<String, String>,
-    ) -> Result<String> {
-        let run_dir = replica
-            .mounts
-            .iter()
-            .find(|m| m.target == layout::CONTAINER_RUN_DIR)
-            .map(|m| m.source.clone());
-        if let Some(dir) = &run_dir {
-            let sock = dir.join(layout::ADMIN_SOCKET_FILE);
-            if sock.as_os_str().len() > MAX_SOCKET_PATH {
-                bail!(
-                    "the admin socket path {} is {} bytes, longer than Unix sockets allow \
-                     ({MAX_SOCKET_PATH}); use a shorter state directory",
-                    sock.display(),
-                    sock.as_os_str().len()
-                );
+    fn api_calls(&self) -> u64 {
+        self.calls.load(Ordering::Relaxed)
+    }
+
+    async fn ping(&self) -> bool {
+        self.docker.ping().await.is_ok()
+    }
+
+    /// One list call filtered by label, then one inspect per container (concurrently) for
+    /// what list cannot tell: memory, CPUs, restart policy, PID and start time.
+    async fn observe(&self, filter: &LabelFilter) -> EngineResult<Vec<ObservedContainer>> {
+        let mut summaries = self.list(filter).await?;
+        // The daemon filtered already; never hand the caller anything else.
+        summaries.retain(|s| {
+            filter.matches(&s.labels.clone().unwrap_or_default().into_iter().collect())
+        });
+        let inspects = futures_util::stream::iter(summaries.into_iter().map(|s| async move {
+            let id = s.id.clone().unwrap_or_default();
+            match self.docker.inspect_container(&id, None).await {
+                Ok(inspect) => Ok(Some(observed_from(s, &inspect))),
+                // Removed between list and inspect: it is gone, not an error.
+                Err(e) if is_not_found(&e) => Ok(None),
+                Err(e) => Err(self.refused(format!("inspect container {id}"), e).await),
             }
-            prepare_run_dir(dir)?;
-        }
-        for m in replica.mounts.iter().filter(|m| m.read_only) {
-            check_readable_by_replica(&m.source)?;
-        }
-        let mut labels: HashMap<String, String> = replica
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.extend(extra_labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-        let host_config = HostConfig {
-            network_mode: Some("host".into()),
-            restart_policy: Some(RestartPolicy {
-                name: Some(RestartPolicyNameEnum::UNLESS_STOPPED),
-                maximum_retry_count: None,
-            }),
-            readonly_rootfs: Some(true),
-            cap_drop: Some(vec!["ALL".into()]),
-            cap_add: (!replica.cap_add.is_empty()).then(|| replica.cap_add.clone()),
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
-            nano_cpus: replica.nano_cpus,
-            memory: replica.memory,
-            mounts: Some(replica.mounts.iter().map(bind_mount).collect()),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(replica.image.clone()),
-            user: Some(REPLICA_USER.into()),
-            cmd: Some(replica.args.clone()),
-            env: Some(
-                replica
-                    .env
-                    .iter()
-                    .map(|(k, v)| format!("{k}={v}"))
-                    .collect(),
-            ),
-            labels: Some(labels),
-            host_config: Some(host_config),
-            ..Default::default()
-        };
-        let opts = CreateContainerOptionsBuilder::default()
-            .name(&replica.name)
-            .build();
-        let created = self
-            .docker
-            .create_container(Some(opts), body)
-            .await
-            .map_err(docker_error)
-            .with_context(|| {
-                format!("creating container {} from {}", replica.name, replica.image)
-            })?;
-        // The name was free, so no live replica owns a socket in this directory: a socket file
-        // left by an earlier container of the same name is stale.
-        if let Some(dir) = &run_dir {
-            let sock = dir.join(layout::ADMIN_SOCKET_FILE);
-            if sock.exists() {
-                let _ = std::fs::remove_file(&sock);
-            }
-        }
-        Ok(created.id)
+        }))
+        .buffer_unordered(INSPECT_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+        let mut out: Vec<ObservedContainer> = inspects.into_iter().flatten().collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
     }
 
-    pub async fn start(&self, id: &str) -> Result<()> {
-        match self.docker.start_container(id, None).await {
-            Ok(()) => Ok(()),
-            // 304: already running.
-            Err(BollardError::DockerResponseServerError {
-                status_code: 304, ..
-            }) => Ok(()),
-            Err(e) => Err(docker_error(e)).with_context(|| format!("starting container {id}")),
-        }
-    }
-
-    /// Stops a container: SIGTERM, then SIGKILL after `timeout`. Stopping a stopped container
-    /// is fine; a missing one is an error.
-    pub async fn stop(&self, id: &str, timeout: Duration) -> Result<()> {
-        let secs = i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX);
-        let opts = StopContainerOptionsBuilder::default().t(secs).build();
-        // The request lasts as long as the stop: make the client wait longer than the engine.
-        let docker = self
-            .docker
-            .clone()
-            .with_timeout(timeout + Duration::from_secs(30));
-        match docker.stop_container(id, Some(opts)).await {
-            Ok(()) => Ok(()),
-            Err(BollardError::DockerResponseServerError {
-                status_code: 304, ..
-            }) => Ok(()),
-            Err(e) => Err(docker_error(e)).with_context(|| format!("stopping container {id}")),
-        }
-    }
-
-    /// Removes a container (force, with its anonymous volumes). A missing one is success.
-    pub async fn remove(&self, id: &str) -> Result<()> {
-        let opts = RemoveContainerOptionsBuilder::default()
-            .force(true)
-            .v(true)
-            .build();
-        match self.docker.remove_container(id, Some(opts)).await {
-            Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
-            // 409 "removal already in progress": it is going away.
-            Err(BollardError::DockerResponseServerError {
-                status_code: 409,
-                message,
-            }) if message.contains("already in progress") => Ok(()),
-            Err(e) => Err(docker_error(e)).with_context(|| format!("removing container {id}")),
-        }
-    }
-
-    /// The container's state, or None when it does not exist.
-    pub async fn state(&self, id: &str) -> Result<Option<RunState>> {
-        Ok(self.status(id).await?.map(|s| s.state))
-    }
-
-    /// The container's state with exit code, PID and restart count, or None when it does not
-    /// exist.
-    pub async fn status(&self, id: &str) -> Result<Option<ContainerStatus>> {
+    async fn status(&self, id: &str) -> EngineResult<Option<ContainerStatus>> {
         let inspect = match self.docker.inspect_container(id, None).await {
             Ok(i) => i,
             Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(docker_error(e)).with_context(|| format!("inspecting {id}")),
+            Err(e) => return Err(self.refused(format!("inspect container {id}"), e).await),
         };
         let st = inspect.state.unwrap_or_default();
         Ok(Some(ContainerStatus {
@@ -478,21 +292,124 @@ impl Engine {
         }))
     }
 
-    /// The last `lines` lines of the container's stdout and stderr, interleaved as logged.
-    pub async fn logs_tail(&self, id: &str, lines: usize) -> Result<String> {
-        let tail = lines.to_string();
+    async fn image_id(&self, image: &str) -> EngineResult<Option<String>> {
+        match self.docker.inspect_image(image).await {
+            Ok(img) => Ok(img.id),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.refused(format!("inspect image {image}"), e).await),
+        }
+    }
+
+    async fn ensure_image(&self, image: &str, progress: bool) -> EngineResult<String> {
+        if let Some(id) = self.image_id(image).await? {
+            return Ok(id);
+        }
+        if let Err(message) = self.pull(image, progress).await {
+            let version = image_version_hint(image);
+            return Err(EngineError::ImageUnavailable {
+                image: image.to_string(),
+                message,
+                hint: format!(
+                    "\nhint: on a host without a registry, build a local Envoy image with \
+                     `scripts/envoy-image.sh {version}` and use berth/envoy:{version}"
+                ),
+            });
+        }
+        self.image_id(image)
+            .await?
+            .ok_or_else(|| EngineError::ImageUnavailable {
+                image: image.to_string(),
+                message: "it was pulled but is not present afterwards".to_string(),
+                hint: String::new(),
+            })
+    }
+
+    async fn create(&self, c: &ReplicaContainer) -> EngineResult<String> {
+        let host_config = HostConfig {
+            restart_policy: Some(RestartPolicy {
+                name: Some(restart_policy_of(&c.restart_policy)),
+                maximum_retry_count: None,
+            }),
+            nano_cpus: c.nano_cpus,
+            memory: c.memory,
+            ..host_config(&c.hardening, c.network, &c.mounts)
+        };
+        let body = ContainerCreateBody {
+            image: Some(c.image.clone()),
+            user: Some(c.hardening.user.to_string()),
+            cmd: Some(c.args.clone()),
+            env: Some(c.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(c.labels.clone().into_iter().collect()),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        let opts = CreateContainerOptionsBuilder::default()
+            .name(&c.name)
+            .build();
+        match self.docker.create_container(Some(opts), body).await {
+            Ok(created) => Ok(created.id),
+            Err(e) => Err(self
+                .refused(format!("create container {} from {}", c.name, c.image), e)
+                .await),
+        }
+    }
+
+    async fn start(&self, id: &str) -> EngineResult<()> {
+        match self.docker.start_container(id, None).await {
+            Ok(()) => Ok(()),
+            // 304: already running.
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => Ok(()),
+            Err(e) => Err(self.refused(format!("start container {id}"), e).await),
+        }
+    }
+
+    async fn stop(&self, id: &str, timeout: Duration) -> EngineResult<()> {
+        let secs = i32::try_from(timeout.as_secs()).unwrap_or(i32::MAX);
+        let opts = StopContainerOptionsBuilder::default().t(secs).build();
+        // The request lasts as long as the stop: make the client wait longer than the engine.
+        let docker = self
+            .docker
+            .clone()
+            .with_timeout(timeout + Duration::from_secs(30));
+        match docker.stop_container(id, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(BollardError::DockerResponseServerError {
+                status_code: 304, ..
+            }) => Ok(()),
+            Err(e) => Err(self.refused(format!("stop container {id}"), e).await),
+        }
+    }
+
+    async fn remove(&self, id: &str) -> EngineResult<()> {
+        let opts = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match self.docker.remove_container(id, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // 409 "removal already in progress": it is going away.
+            Err(BollardError::DockerResponseServerError {
+                status_code: 409,
+                message,
+            }) if message.contains("already in progress") => Ok(()),
+            Err(e) => Err(self.refused(format!("remove container {id}"), e).await),
+        }
+    }
+
+    async fn logs(&self, id: &str, tail: Option<usize>) -> EngineResult<String> {
+        let tail = tail.map_or_else(|| "all".to_string(), |n| n.to_string());
         let opts = LogsOptionsBuilder::default()
             .stdout(true)
             .stderr(true)
             .tail(&tail)
             .build();
-        let chunks: Vec<_> = self
-            .docker
-            .logs(id, Some(opts))
-            .try_collect()
-            .await
-            .map_err(docker_error)
-            .with_context(|| format!("reading logs of container {id}"))?;
+        let chunks: Vec<_> = match self.docker.logs(id, Some(opts)).try_collect().await {
+            Ok(c) => c,
+            Err(e) => return Err(self.refused(format!("read the logs of {id}"), e).await),
+        };
         let mut out = String::new();
         for chunk in chunks {
             out.push_str(&String::from_utf8_lossy(&chunk.into_bytes()));
@@ -500,225 +417,131 @@ impl Engine {
         Ok(out)
     }
 
-    /// Runs `envoy --mode validate -c <config_path>` in a throw-away container of `image`:
-    /// no network, the given mounts read-only, hardened like a replica. Ok when Envoy accepts
-    /// the configuration; otherwise an error carrying the last lines of Envoy's output. The
-    /// container is removed in every case.
-    pub async fn validate(
-        &self,
-        image: &str,
-        mounts: &[Mount],
-        config_path: &str,
-        extra_labels: &BTreeMap<String, String>,
-    ) -> Result<()> {
-        let args: Vec<String> = [
-            "-c",
-            config_path,
-            "--disable-hot-restart",
-            // An xDS (ADS) bootstrap needs a node id and cluster; replicas get theirs from
-            // --service-node/--service-cluster, so validation must pass some too.
-            "--service-cluster",
-            "berth-validate",
-            "--service-node",
-            "berth-validate",
-        ]
-        .map(String::from)
-        .to_vec();
-        self.validate_with_args(image, mounts, &args, extra_labels)
-            .await
-    }
-
-    /// [`Engine::validate`] with Envoy's arguments as given (after `--mode validate`): those a
-    /// replica runs with, so that a flag Envoy does not accept fails here, not at start.
-    pub async fn validate_with_args(
-        &self,
-        image: &str,
-        mounts: &[Mount],
-        args: &[String],
-        extra_labels: &BTreeMap<String, String>,
-    ) -> Result<()> {
-        for m in mounts {
-            check_readable_by_replica(&m.source)?;
-        }
-        let mut labels: HashMap<String, String> = extra_labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.insert(LABEL_VALIDATE.into(), "1".into());
-        let host_config = HostConfig {
-            network_mode: Some("none".into()),
-            readonly_rootfs: Some(true),
-            cap_drop: Some(vec!["ALL".into()]),
-            security_opt: Some(vec!["no-new-privileges:true".into()]),
-            mounts: Some(
-                mounts
-                    .iter()
-                    .map(|m| {
-                        bind_mount(&Mount {
-                            read_only: true,
-                            ..m.clone()
-                        })
-                    })
-                    .collect(),
-            ),
-            ..Default::default()
-        };
+    async fn run_to_completion(&self, job: &OneShot) -> EngineResult<Exited> {
         let body = ContainerCreateBody {
-            image: Some(image.into()),
-            user: Some(REPLICA_USER.into()),
-            cmd: Some(
-                ["--mode".to_string(), "validate".to_string()]
-                    .into_iter()
-                    .chain(args.iter().cloned())
-                    .collect(),
-            ),
-            labels: Some(labels),
-            host_config: Some(host_config),
+            image: Some(job.image.clone()),
+            user: Some(job.hardening.user.to_string()),
+            cmd: Some(job.args.clone()),
+            labels: Some(job.labels.clone().into_iter().collect()),
+            host_config: Some(host_config(&job.hardening, Network::None, &job.mounts)),
             ..Default::default()
         };
-        let created = self
-            .docker
-            .create_container(None, body)
-            .await
-            .map_err(docker_error)
-            .with_context(|| format!("creating a validate container from {image}"))?;
-        let id = created.id;
-        let result = self.run_validate(&id, image).await;
+        let id = match self.docker.create_container(None, body).await {
+            Ok(created) => created.id,
+            Err(e) => {
+                return Err(self
+                    .refused(
+                        format!("create a throw-away container from {}", job.image),
+                        e,
+                    )
+                    .await)
+            }
+        };
+        let result = self.wait_exit(&id, job).await;
         let removed = self.remove(&id).await;
-        result?;
-        removed
+        let exited = result?;
+        removed?;
+        Ok(exited)
     }
 
-    async fn run_validate(&self, id: &str, image: &str) -> Result<()> {
+    fn events(&self, filter: &LabelFilter) -> Events {
+        let labels = filter.engine_values();
+        let mut filters: HashMap<&str, Vec<&str>> = HashMap::new();
+        filters.insert("type", vec!["container"]);
+        filters.insert("label", labels.iter().map(String::as_str).collect());
+        filters.insert("event", EVENT_ACTIONS.to_vec());
+        let opts = EventsOptionsBuilder::default().filters(&filters).build();
+        let endpoint = self.endpoint.clone();
+        // bollard's timeout bounds only the response headers, which /events sends at once.
+        self.docker
+            .events(Some(opts))
+            .map(move |r| {
+                let e = r.map_err(|e| EngineError::Unreachable {
+                    endpoint: endpoint.clone(),
+                    message: format!("the event stream broke: {e}"),
+                })?;
+                let mut labels: BTreeMap<String, String> = e
+                    .actor
+                    .as_ref()
+                    .and_then(|a| a.attributes.clone())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                let name = labels.remove("name");
+                labels.remove("image");
+                Ok(ContainerEvent {
+                    action: e.action.unwrap_or_default(),
+                    id: e.actor.and_then(|a| a.id).unwrap_or_default(),
+                    labels,
+                    name,
+                })
+            })
+            .boxed()
+    }
+}
+
+impl DockerEngine {
+    async fn wait_exit(&self, id: &str, job: &OneShot) -> EngineResult<Exited> {
         self.start(id).await?;
-        let exit = tokio::time::timeout(VALIDATE_TIMEOUT, async {
+        let waited = tokio::time::timeout(job.timeout, async {
             let mut wait = self.docker.wait_container(id, None);
             match wait.next().await {
                 Some(Ok(r)) => Ok(r.status_code),
                 Some(Err(BollardError::DockerContainerWaitError { code, .. })) => Ok(code),
-                Some(Err(e)) => Err(docker_error(e)),
-                None => Err(anyhow!("the engine ended the wait without an exit code")),
+                Some(Err(e)) => Err(self.refused(format!("wait for container {id}"), e).await),
+                None => Err(EngineError::Refused {
+                    engine: self.describe(),
+                    operation: format!("wait for container {id}"),
+                    status: 0,
+                    message: "the engine ended the wait without an exit code".into(),
+                }),
             }
         })
-        .await
-        .map_err(|_| anyhow!("envoy --mode validate did not finish within {VALIDATE_TIMEOUT:?}"))?
-        .with_context(|| format!("waiting for validate container {id}"))?;
-        if exit == 0 {
-            return Ok(());
-        }
-        let logs = self.logs_tail(id, 20).await.unwrap_or_default();
-        bail!(
-            "Envoy ({image}) rejected the configuration (exit code {exit}):\n{}",
-            logs.trim_end()
-        )
-    }
-
-    /// A stream of container events (die, destroy, stop, …) of containers matching a label
-    /// filter (`key` or `key=value`), from now on. The stream ends or fails when the engine
-    /// goes away; the caller reconnects.
-    pub fn events(
-        &self,
-        label_filter: &str,
-        actions: &[&str],
-    ) -> impl futures_util::Stream<Item = Result<ContainerEvent>> + Send + 'static {
-        let mut filters: HashMap<&str, Vec<&str>> = HashMap::new();
-        filters.insert("type", vec!["container"]);
-        filters.insert("label", vec![label_filter]);
-        filters.insert("event", actions.to_vec());
-        let opts = bollard::query_parameters::EventsOptionsBuilder::default()
-            .filters(&filters)
-            .build();
-        // bollard's timeout bounds only the response headers, which /events sends at once.
-        self.docker.events(Some(opts)).map(|r| {
-            let e = r.map_err(docker_error)?;
-            let attrs = e.actor.as_ref().and_then(|a| a.attributes.clone());
-            Ok(ContainerEvent {
-                action: e.action.unwrap_or_default(),
-                id: e.actor.and_then(|a| a.id).unwrap_or_default(),
-                proxy: attrs
-                    .as_ref()
-                    .and_then(|a| a.get(crate::replica::LABEL_PROXY).cloned()),
-                name: attrs.and_then(|a| a.get("name").cloned()),
-            })
-        })
-    }
-
-    /// Removes every container matching a label filter (`key` or `key=value`), in any state.
-    /// Returns how many were removed.
-    pub async fn remove_labelled(&self, label_filter: &str) -> Result<usize> {
-        let found = self.list_labelled(label_filter).await?;
-        let ids: Vec<String> = found.into_iter().filter_map(|c| c.id).collect();
-        let n = ids.len();
-        futures_util::stream::iter(ids.iter().map(|id| self.remove(id)))
-            .buffer_unordered(8)
-            .try_collect::<Vec<_>>()
-            .await?;
-        Ok(n)
+        .await;
+        let code = match waited {
+            Ok(r) => r?,
+            Err(_) => {
+                return Err(EngineError::Timeout {
+                    what: format!("container {id} ({})", job.image),
+                    timeout: job.timeout,
+                })
+            }
+        };
+        let output = self.logs(id, None).await.unwrap_or_default();
+        Ok(Exited { code, output })
     }
 }
 
-/// Creates a replica's run directory: owned by the replica user, mode 0700.
-fn prepare_run_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::create_dir_all(dir)
-        .with_context(|| format!("creating the replica run directory {}", dir.display()))?;
-    std::os::unix::fs::chown(dir, Some(REPLICA_UID), Some(REPLICA_GID)).with_context(|| {
-        format!(
-            "handing the run directory {} to uid {REPLICA_UID} (Envoy creates its admin socket \
-             there); berth must run as root to do this",
-            dir.display()
-        )
-    })?;
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))
-        .with_context(|| format!("setting mode 0700 on {}", dir.display()))?;
-    Ok(())
+/// What every container berth makes shares: hardening, network and bind mounts.
+fn host_config(h: &Hardening, network: Network, mounts: &[Mount]) -> HostConfig {
+    let mut security_opt = Vec::new();
+    if h.no_new_privileges {
+        security_opt.push("no-new-privileges:true".to_string());
+    }
+    HostConfig {
+        network_mode: Some(
+            match network {
+                Network::Host => "host",
+                Network::None => "none",
+            }
+            .into(),
+        ),
+        readonly_rootfs: Some(h.read_only_rootfs),
+        cap_drop: h.cap_drop_all.then(|| vec!["ALL".to_string()]),
+        cap_add: (!h.cap_add.is_empty()).then(|| h.cap_add.clone()),
+        security_opt: (!security_opt.is_empty()).then_some(security_opt),
+        mounts: Some(mounts.iter().map(bind_mount).collect()),
+        ..Default::default()
+    }
 }
 
-/// Envoy runs as uid 101: a mounted directory must be searchable and readable by it, and the
-/// files directly in it readable, or Envoy fails later with a vague "unable to read file".
-/// (The directories above a mount source do not matter: the engine resolves them as root.)
-pub fn check_readable_by_replica(source: &Path) -> Result<()> {
-    use std::os::unix::fs::MetadataExt;
-    let allowed = |md: &std::fs::Metadata, need: u32| {
-        let mode = md.mode();
-        (mode & need) == need
-            || (md.uid() == REPLICA_UID && (mode & (need << 6)) == need << 6)
-            || (md.gid() == REPLICA_GID && (mode & (need << 3)) == need << 3)
-    };
-    let md =
-        std::fs::metadata(source).with_context(|| format!("mount source {}", source.display()))?;
-    let hint = "Envoy runs as uid 101: make mounted directories 0755 and files 0644 \
-                (files written through a temporary file are 0600 unless chmod-ed before the rename)";
-    if md.is_dir() {
-        if !allowed(&md, 0o5) {
-            bail!(
-                "mount source {} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
-                source.display(),
-                md.mode() & 0o7777
-            );
-        }
-        for entry in std::fs::read_dir(source)
-            .with_context(|| format!("reading {}", source.display()))?
-            .flatten()
-        {
-            let Ok(fmd) = entry.metadata() else { continue };
-            let need = if fmd.is_dir() { 0o5 } else { 0o4 };
-            if (fmd.is_file() || fmd.is_dir()) && !allowed(&fmd, need) {
-                bail!(
-                    "{} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
-                    entry.path().display(),
-                    fmd.mode() & 0o7777
-                );
-            }
-        }
-    } else if !allowed(&md, 0o4) {
-        bail!(
-            "mount source {} (mode {:o}) is not readable by uid {REPLICA_UID}; {hint}",
-            source.display(),
-            md.mode() & 0o7777
-        );
+fn restart_policy_of(name: &str) -> RestartPolicyNameEnum {
+    match name {
+        "always" => RestartPolicyNameEnum::ALWAYS,
+        "unless-stopped" => RestartPolicyNameEnum::UNLESS_STOPPED,
+        "on-failure" => RestartPolicyNameEnum::ON_FAILURE,
+        _ => RestartPolicyNameEnum::NO,
     }
-    Ok(())
 }
 
 fn bind_mount(m: &Mount) -> DockerMount {
@@ -825,20 +648,19 @@ fn is_not_found(e: &BollardError) -> bool {
     )
 }
 
-/// bollard's error with the engine's own message up front.
-fn docker_error(e: BollardError) -> anyhow::Error {
-    match e {
-        BollardError::DockerResponseServerError {
-            status_code,
-            message,
-        } => anyhow!("{message} (engine status {status_code})"),
-        BollardError::DockerStreamError { error } => anyhow!("{error}"),
-        other => anyhow!(other),
-    }
+/// A failure to reach the engine at all, as opposed to an answer from it.
+fn is_connection_error(e: &BollardError) -> bool {
+    matches!(
+        e,
+        BollardError::HyperResponseError { .. }
+            | BollardError::IOError { .. }
+            | BollardError::RequestTimeoutError
+            | BollardError::SocketNotFoundError(_)
+    )
 }
 
-/// Where the engine is expected, for error messages.
-fn docker_host_description() -> String {
+/// Where the engine is expected, for messages.
+fn endpoint_description() -> String {
     match std::env::var("DOCKER_HOST") {
         Ok(h) if !h.is_empty() => h,
         _ => "unix:///var/run/docker.sock".into(),
@@ -897,41 +719,16 @@ mod tests {
     }
 
     #[test]
-    fn mount_sources_must_be_readable_by_the_replica_user() {
-        use std::os::unix::fs::PermissionsExt;
-        let set = |p: &Path, mode: u32| {
-            std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode)).unwrap()
-        };
-        let dir = tempfile::tempdir().unwrap();
-        let file = dir.path().join("bootstrap.yaml");
-        std::fs::write(&file, "x").unwrap();
-        set(dir.path(), 0o755);
-        set(&file, 0o644);
-        check_readable_by_replica(dir.path()).unwrap();
-        check_readable_by_replica(&file).unwrap();
-        set(&file, 0o600);
-        let err = check_readable_by_replica(dir.path())
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("bootstrap.yaml") && err.contains("600"),
-            "{err}"
+    fn restart_policies_translate() {
+        assert_eq!(
+            restart_policy_of(super::super::RESTART_UNLESS_STOPPED),
+            RestartPolicyNameEnum::UNLESS_STOPPED
         );
-        set(&file, 0o644);
-        set(dir.path(), 0o700);
-        let err = check_readable_by_replica(dir.path())
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("700"), "{err}");
-        assert!(check_readable_by_replica(&dir.path().join("missing")).is_err());
-    }
-
-    #[test]
-    fn restart_policy_is_the_specs() {
         assert_eq!(
             RestartPolicyNameEnum::UNLESS_STOPPED.to_string(),
-            crate::replica::RESTART_POLICY
+            super::super::RESTART_UNLESS_STOPPED
         );
+        assert_eq!(restart_policy_of("no"), RestartPolicyNameEnum::NO);
     }
 
     #[test]

@@ -65,7 +65,7 @@ pub struct ContainerRef {
 }
 
 impl ContainerRef {
-    fn of(c: &ObservedContainer) -> ContainerRef {
+    pub fn of(c: &ObservedContainer) -> ContainerRef {
         ContainerRef {
             id: c.id.clone(),
             name: c.name.clone(),
@@ -121,6 +121,13 @@ pub enum ReplaceReason {
     StoppedOutdated { from: String, to: String },
     /// A dead replica with the current spec: Docker cannot start it again.
     Dead,
+    /// The current spec, but its bootstrap file on disk was changed (by hand): a restart would
+    /// read the changed file. The file is rewritten and the replica replaced.
+    BootstrapChanged,
+    /// The current spec, LIVE, but not serving: a declared listener port is not bound (e.g.
+    /// after a reboot reset `ip_unprivileged_port_start`). A new replica binds it once the
+    /// host allows it; until then the gate keeps the old one and says why.
+    NotServing { detail: String },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +267,10 @@ impl fmt::Display for ReplaceReason {
             ),
             ReplaceReason::Drifted { what } => write!(f, "drifted: {what}"),
             ReplaceReason::Dead => f.write_str("dead"),
+            ReplaceReason::BootstrapChanged => {
+                f.write_str("its bootstrap file was changed on disk")
+            }
+            ReplaceReason::NotServing { detail } => write!(f, "not serving: {detail}"),
         }
     }
 }
@@ -420,6 +431,50 @@ impl Names {
     }
 }
 
+/// What the planner knows about a proxy beyond its containers' labels and settings.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ProxyFacts {
+    /// The desired bootstrap generation's file on disk was changed (its sha256 differs).
+    pub bootstrap_tampered: bool,
+    /// Running containers (by ID) that are LIVE but not serving, with why.
+    pub not_serving: BTreeMap<String, String>,
+}
+
+/// Facts per desired proxy.
+pub type Facts = BTreeMap<String, ProxyFacts>;
+
+/// What must happen before a proxy's actions run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Prepare {
+    /// The desired image must be present: a new container will be created from it.
+    pub image: bool,
+    /// `envoy --mode validate` must check the desired spec first: new containers of a spec no
+    /// running replica has proven.
+    pub validate: bool,
+}
+
+/// Whether `actions` of `desired` need its image, and a validation (a spec is proven once a
+/// replica runs it).
+pub fn prepare(
+    desired: &DesiredProxy,
+    observed: &[ObservedContainer],
+    actions: &[&Action],
+) -> Prepare {
+    let image = actions
+        .iter()
+        .any(|a| matches!(a, Action::Create { .. } | Action::Replace { .. }));
+    let proven = observed.iter().any(|c| {
+        c.is_managed()
+            && c.proxy() == Some(desired.name())
+            && c.spec_hash() == Some(desired.hash.as_str())
+            && c.state == RunState::Running
+    });
+    Prepare {
+        image,
+        validate: image && !proven,
+    }
+}
+
 /// Actions for one desired proxy, grouped for ordering.
 #[derive(Default)]
 struct ProxyActions {
@@ -434,7 +489,15 @@ struct ProxyActions {
 /// they never appear in any action. See the module docs for the rules and the ordering.
 /// If `desired` names a proxy twice, the first one counts (the sources reject that).
 pub fn plan(desired: &[DesiredProxy], observed: &[ObservedContainer]) -> Plan {
+    plan_with(desired, observed, &Facts::new())
+}
+
+/// [`plan`], also replacing running replicas of the current spec that `facts` shows are not
+/// fit to keep: a tampered bootstrap file ([`ReplaceReason::BootstrapChanged`]) or LIVE but
+/// not serving ([`ReplaceReason::NotServing`]).
+pub fn plan_with(desired: &[DesiredProxy], observed: &[ObservedContainer], facts: &Facts) -> Plan {
     let mut notes = Vec::new();
+    let no_facts = ProxyFacts::default();
     // A container's recorded name (its `io.berth.name` label) names its admin socket
     // directory, so it stays taken while the container exists, even after a rename.
     let mut names = Names {
@@ -519,7 +582,8 @@ pub fn plan(desired: &[DesiredProxy], observed: &[ObservedContainer]) -> Plan {
                         acts.cleanup
                             .push(remove(name, Some(slot), dup, RemoveReason::Duplicate));
                     }
-                    plan_slot(d, slot, kept, &mut names, &mut acts, &mut notes);
+                    let facts = facts.get(name).unwrap_or(&no_facts);
+                    plan_slot(d, facts, slot, kept, &mut names, &mut acts, &mut notes);
                 }
             }
         }
@@ -584,6 +648,7 @@ fn rank(d: &DesiredProxy, c: &ObservedContainer) -> (bool, bool, bool, bool) {
 /// The action (if any) for the one container kept in a slot below the replica count.
 fn plan_slot(
     d: &DesiredProxy,
+    facts: &ProxyFacts,
     slot: u32,
     c: &ObservedContainer,
     names: &mut Names,
@@ -623,7 +688,14 @@ fn plan_slot(
         });
     }
     match c.state {
-        RunState::Running => {}
+        RunState::Running if facts.bootstrap_tampered => replace(ReplaceReason::BootstrapChanged),
+        RunState::Running => {
+            if let Some(detail) = facts.not_serving.get(&c.id) {
+                replace(ReplaceReason::NotServing {
+                    detail: detail.clone(),
+                })
+            }
+        }
         RunState::Created | RunState::Exited => acts.start.push(Action::Start {
             proxy: proxy.to_string(),
             slot,

@@ -19,7 +19,14 @@ fn replica(d: &DesiredProxy, slot: u32) -> ObservedContainer {
 }
 
 fn replica_named(d: &DesiredProxy, slot: u32, name: &str) -> ObservedContainer {
-    let r = ReplicaContainer::new(d, slot, name, "sha256:img", Path::new(STATE));
+    let r = ReplicaContainer::new(
+        d,
+        slot,
+        name,
+        "sha256:img",
+        Path::new(STATE),
+        &Default::default(),
+    );
     ObservedContainer {
         id: format!("id-{name}"),
         name: name.to_string(),

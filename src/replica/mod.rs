@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+pub use crate::engine::{
+    ContainerInfo, Hardening, LiveSettings, Mount, Network, ObservedContainer, ReplicaContainer,
+    RunState, User,
+};
 use crate::ir;
 use crate::layout::{self, ProxyDirs};
 
@@ -32,13 +36,6 @@ pub const LABEL_NAME: &str = "io.berth.name";
 pub const LABEL_STATE_DIR: &str = "io.berth.state-dir";
 /// Set on everything the test suite creates, so it can clean up by label.
 pub const LABEL_TEST: &str = "io.berth.test";
-
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
-pub struct Mount {
-    pub source: PathBuf,
-    pub target: String,
-    pub read_only: bool,
-}
 
 /// Everything that requires a new container when it changes.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -61,6 +58,18 @@ pub struct ProxySpec {
     pub bootstrap_sha256: String,
     /// The user's metadata labels, copied onto each container.
     pub labels: BTreeMap<String, String>,
+    /// The user the replicas run as; left out of the hash when it is [`REPLICA_USER`], so hashes
+    /// made before this field existed still hold.
+    #[serde(default = "default_user", skip_serializing_if = "is_default_user")]
+    pub user: User,
+}
+
+fn default_user() -> User {
+    REPLICA_USER
+}
+
+fn is_default_user(u: &User) -> bool {
+    *u == REPLICA_USER
 }
 
 /// A proxy as it should be: its spec, that spec's hash, and how many replicas.
@@ -69,58 +78,26 @@ pub struct DesiredProxy {
     pub spec: ProxySpec,
     pub hash: String,
     pub replicas: u32,
-    /// Listeners a ready replica must have active: one per listener port in standalone mode;
-    /// 0 in xds mode, where Envoy Gateway pushes them.
-    #[serde(default)]
-    pub listeners: u32,
-    /// xds mode: Envoy Gateway pushes the listeners, so a replica cannot become LIVE without
-    /// it; the rollout gate asks for a running replica whose admin answers instead
-    /// ([`crate::rollout`]).
+    /// xds mode: Envoy Gateway pushes the listeners (on the ports of the IR's listeners, which
+    /// are `spec.ports`); a replica serves only once its xDS server has sent them.
     #[serde(default)]
     pub xds: bool,
-}
-
-/// One replica container, ready to hand to the engine.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ReplicaContainer {
-    pub name: String,
-    pub slot: u32,
-    pub image: String,
-    /// Full Envoy arguments, including `--service-node <name>`.
-    pub args: Vec<String>,
-    pub env: BTreeMap<String, String>,
-    pub nano_cpus: Option<i64>,
-    pub memory: Option<i64>,
-    /// Shared mounts plus this replica's own admin socket directory.
-    pub mounts: Vec<Mount>,
-    pub cap_add: Vec<String>,
-    /// berth's labels (managed-by, proxy, slot, spec hash, image ID, name) and the user's.
-    pub labels: BTreeMap<String, String>,
-}
-
-/// The engine's view of one berth container, as list and inspect show it.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct ObservedContainer {
-    pub id: String,
-    /// The live name, without Docker's leading '/'.
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-    pub state: RunState,
-    pub live: LiveSettings,
-    /// What the engine reports beyond what the planner needs, for status and preflight.
+    /// How its replicas drain when they retire (not part of the hash: a change applies to the
+    /// next retirement, it needs no new container). Recorded with the spec, so a proxy that
+    /// left the config is still drained with its own settings.
     #[serde(default)]
-    pub info: ContainerInfo,
+    pub shutdown: ir::Shutdown,
+    #[serde(default)]
+    pub rollout: ir::RolloutPolicy,
 }
 
-/// Facts about a container that the planner does not use.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-pub struct ContainerInfo {
-    /// The image reference the container was created from.
-    pub image: String,
-    /// The main process on the host, while running.
-    pub pid: Option<u32>,
-    /// RFC 3339 start time, while running.
-    pub started_at: Option<String>,
+impl DesiredProxy {
+    /// What a ready replica of this proxy shows: every listener port bound.
+    pub fn expect(&self) -> crate::readiness::Expect {
+        crate::readiness::Expect {
+            ports: self.spec.ports.clone(),
+        }
+    }
 }
 
 impl ObservedContainer {
@@ -176,68 +153,17 @@ impl ObservedContainer {
     }
 }
 
-impl RunState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunState::Created => "created",
-            RunState::Running => "running",
-            RunState::Paused => "paused",
-            RunState::Restarting => "restarting",
-            RunState::Exited => "exited",
-            RunState::Dead => "dead",
-            RunState::Removing => "removing",
-        }
-    }
-
-    /// Parses Docker's `State.Status` ("running", "exited", …).
-    pub fn parse(status: &str) -> Option<RunState> {
-        Some(match status {
-            "created" => RunState::Created,
-            "running" => RunState::Running,
-            "paused" => RunState::Paused,
-            "restarting" => RunState::Restarting,
-            "exited" => RunState::Exited,
-            "dead" => RunState::Dead,
-            "removing" => RunState::Removing,
-            _ => return None,
-        })
-    }
-
-    /// Not running and `docker start` can start it again (Created or Exited; not Dead).
-    pub fn is_startable(self) -> bool {
-        matches!(self, RunState::Created | RunState::Exited)
-    }
-}
-
-impl std::fmt::Display for RunState {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RunState {
-    Created,
-    Running,
-    Paused,
-    Restarting,
-    Exited,
-    Dead,
-    Removing,
-}
-
-/// Settings someone can change on a live container (`docker update`, `docker rename`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct LiveSettings {
-    pub nano_cpus: Option<i64>,
-    pub memory: Option<i64>,
-    /// Docker's restart policy name, e.g. "unless-stopped".
-    pub restart_policy: String,
-}
-
 /// The restart policy every replica has (DESIGN decision 8).
-pub const RESTART_POLICY: &str = "unless-stopped";
+pub const RESTART_POLICY: &str = crate::engine::RESTART_UNLESS_STOPPED;
+
+/// The user every replica runs as by default: `101:101`, the `envoy` user of Envoy's official
+/// image and of `scripts/envoy-image.sh`, whatever `USER` the image declares. SO_REUSEPORT only
+/// lets sockets share a port when they belong to the same effective UID, so an old and a new
+/// replica from different images must run as the same UID for a start-first replacement to
+/// bind; and berth hands each replica's admin-socket directory to this UID before it starts.
+pub const REPLICA_USER: User = User { uid: 101, gid: 101 };
+pub const REPLICA_UID: u32 = REPLICA_USER.uid;
+pub const REPLICA_GID: u32 = REPLICA_USER.gid;
 
 /// Version of how berth builds a container beyond the fields of [`ProxySpec`]: hardening
 /// (user, read-only root, `cap_drop`, `no-new-privileges`), host networking, restart policy.
@@ -426,18 +352,16 @@ pub fn desired_proxy(
         cap_add,
         bootstrap_sha256,
         labels: proxy.metadata.labels.clone(),
+        user: REPLICA_USER,
     };
     let hash = spec.hash();
-    let listeners = match proxy.routing {
-        ir::Routing::Standalone(_) => proxy.host_ports().len() as u32,
-        ir::Routing::Xds(_) => 0,
-    };
     DesiredProxy {
         spec,
         hash,
         replicas: cfg.replicas,
-        listeners,
         xds: matches!(proxy.routing, ir::Routing::Xds(_)),
+        shutdown: cfg.shutdown.clone(),
+        rollout: proxy.rollout.clone(),
     }
 }
 
@@ -504,13 +428,14 @@ impl ReplicaContainer {
     /// extra args stay last), this replica's admin socket directory at
     /// [`layout::CONTAINER_RUN_DIR`] (read-write), and berth's labels, which win over the
     /// user's labels of the same key. `image_id` is recorded as a label for `status`; it is not
-    /// part of the hash (the image reference is).
+    /// part of the hash (the image reference is). `extra_labels` (the test suite's) go on too.
     pub fn new(
         desired: &DesiredProxy,
         slot: u32,
         name: &str,
         image_id: &str,
         state_dir: &Path,
+        extra_labels: &BTreeMap<String, String>,
     ) -> ReplicaContainer {
         let spec = &desired.spec;
 
@@ -525,6 +450,7 @@ impl ReplicaContainer {
         mounts.sort();
 
         let mut labels = spec.labels.clone();
+        labels.extend(extra_labels.iter().map(|(k, v)| (k.clone(), v.clone())));
         for (k, v) in [
             (LABEL_MANAGED_BY, MANAGED_BY_VALUE),
             (LABEL_PROXY, spec.proxy.as_str()),
@@ -546,8 +472,22 @@ impl ReplicaContainer {
             nano_cpus: spec.nano_cpus,
             memory: spec.memory,
             mounts,
-            cap_add: spec.cap_add.clone(),
             labels,
+            hardening: hardening(spec),
+            network: Network::Host,
+            restart_policy: RESTART_POLICY.to_string(),
         }
+    }
+}
+
+/// DESIGN decision 9: non-root, read-only root filesystem, every capability dropped (plus
+/// `NET_BIND_SERVICE` for ports below 1024), no new privileges.
+pub fn hardening(spec: &ProxySpec) -> Hardening {
+    Hardening {
+        user: spec.user,
+        read_only_rootfs: true,
+        cap_drop_all: true,
+        cap_add: spec.cap_add.clone(),
+        no_new_privileges: true,
     }
 }

@@ -562,7 +562,14 @@ fn replica_container_adds_service_node_run_dir_and_berths_labels() {
     p.config.env.insert("E".into(), "v".into());
     let d = desired_of(&p);
     let name = replica_name("edge", 2, &d.hash);
-    let r = ReplicaContainer::new(&d, 2, &name, "sha256:feed", Path::new(STATE));
+    let r = ReplicaContainer::new(
+        &d,
+        2,
+        &name,
+        "sha256:feed",
+        Path::new(STATE),
+        &Default::default(),
+    );
 
     assert_eq!(r.name, name);
     assert_eq!(r.slot, 2);
@@ -570,7 +577,13 @@ fn replica_container_adds_service_node_run_dir_and_berths_labels() {
     assert_eq!(r.memory, Some(1 << 29));
     assert_eq!(r.nano_cpus, Some(1_000_000_000));
     assert_eq!(r.env["E"], "v");
-    assert_eq!(r.cap_add, ["NET_BIND_SERVICE"]);
+    assert_eq!(r.hardening.cap_add, ["NET_BIND_SERVICE"]);
+    // Hardening is data the engine adapter only translates (DESIGN decision 9).
+    assert_eq!(r.hardening.user, REPLICA_USER);
+    assert!(r.hardening.read_only_rootfs && r.hardening.cap_drop_all);
+    assert!(r.hardening.no_new_privileges);
+    assert_eq!(r.network, crate::engine::Network::Host);
+    assert_eq!(r.restart_policy, RESTART_POLICY);
 
     // --service-node right after --service-cluster; extra args still last.
     let i = r
@@ -620,12 +633,26 @@ fn replica_container_adds_service_node_run_dir_and_berths_labels() {
 #[test]
 fn replicas_differ_only_in_their_own_parts() {
     let d = desired("edge", 2, &[8080]);
-    let a = ReplicaContainer::new(&d, 0, "berth-edge-0-x", "img", Path::new(STATE));
-    let b = ReplicaContainer::new(&d, 1, "berth-edge-1-x", "img", Path::new(STATE));
+    let a = ReplicaContainer::new(
+        &d,
+        0,
+        "berth-edge-0-x",
+        "img",
+        Path::new(STATE),
+        &Default::default(),
+    );
+    let b = ReplicaContainer::new(
+        &d,
+        1,
+        "berth-edge-1-x",
+        "img",
+        Path::new(STATE),
+        &Default::default(),
+    );
     assert_ne!(a.mounts, b.mounts);
     assert_eq!(a.mounts.len(), b.mounts.len());
     assert!(a.mounts.iter().filter(|m| b.mounts.contains(m)).count() == a.mounts.len() - 1);
-    assert_eq!(a.cap_add, Vec::<String>::new());
+    assert_eq!(a.hardening.cap_add, Vec::<String>::new());
     let strip = |r: &ReplicaContainer| {
         r.args
             .iter()

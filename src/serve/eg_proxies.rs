@@ -3,7 +3,7 @@
 //! A `CreateOrUpdateProxyInfra` puts the proxy in serve's desired set (next to the config's
 //! proxies, in a map of its own so config reloads leave it alone), persists its IR in
 //! `<state>/remote/<berth name>.json` (a restarted serve keeps it), and triggers the same
-//! reconcile as a config edit: one pass per proxy at a time, through [`crate::rollout`]. The
+//! reconcile as a config edit: one pass per proxy at a time, through [`crate::operations`]. The
 //! call returns when a pass that saw the request has ended, with its error if it failed. The
 //! same request twice yields the same generation and an empty plan: nothing is touched.
 //! `DeleteProxyInfra` drops the proxy from the desired set and its persisted IR; the reconcile
@@ -17,7 +17,6 @@ use tokio_util::sync::CancellationToken;
 
 use super::{log, Shared, Trigger};
 use crate::eg_provider::{Infrastructure, Invalid, Transient};
-use crate::rollout::{Cancelled, GateFailure};
 use crate::source::eg::{EgProxy, XdsDefaults};
 use crate::state::{write_atomic, StateDir};
 use crate::target::{self, Target};
@@ -128,21 +127,6 @@ pub fn restore(shared: &Shared, xds: Option<&XdsDefaults>) -> Result<()> {
         );
     }
     Ok(())
-}
-
-/// Whether a failed pass is worth EG's retry (`Unavailable`): a cancelled rollout, or an
-/// engine or I/O error. A failed gate, a refused bootstrap or a render error is not: the same
-/// request would fail the same way (`Internal`; EG's next change drives the proxy again).
-pub fn transient(e: &anyhow::Error) -> bool {
-    if e.chain().any(|c| c.is::<GateFailure>()) {
-        return false;
-    }
-    e.chain().any(|c| {
-        c.is::<Cancelled>()
-            || c.is::<Transient>()
-            || c.is::<bollard::errors::Error>()
-            || c.is::<std::io::Error>()
-    })
 }
 
 /// [`Infrastructure`] for `berth serve`.

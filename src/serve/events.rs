@@ -1,7 +1,7 @@
-//! The Docker event watcher: a start, restart, die, destroy, stop, kill, oom, update or rename
-//! of a berth container triggers a reconcile of its proxy. When the engine goes away the stream ends; the
-//! watcher reconnects with exponential backoff and then asks for a full reconcile (events may
-//! have been missed meanwhile).
+//! The engine-change watcher: a change someone else made to one of this berth's replicas (a
+//! start, die, destroy, stop, kill, oom, update or rename) triggers a pass of its proxy. When
+//! the engine goes away the stream ends; the watcher reconnects with exponential backoff and
+//! then asks for a full reconcile (changes may have been missed meanwhile).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,22 +11,14 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::{log, Shared, Trigger};
-use crate::replica::{LABEL_MANAGED_BY, MANAGED_BY_VALUE};
-
-/// The container actions that can leave a proxy short of a replica or drifted, or change what
-/// /status must show (a start after the engine restored a container is the only sign of it).
-pub const ACTIONS: &[&str] = &[
-    "start", "restart", "die", "destroy", "update", "rename", "stop", "kill", "oom",
-];
 const MIN_BACKOFF: Duration = Duration::from_millis(200);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 
 pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
-    let filter = format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}");
     let mut backoff = MIN_BACKOFF;
     let mut reconnecting = false;
     loop {
-        let mut stream = Box::pin(shared.engine.events(&filter, ACTIONS));
+        let mut stream = shared.ops.infra.changes();
         let why = loop {
             let next = tokio::select! {
                 _ = cancel.cancelled() => return Ok(()),
@@ -39,14 +31,12 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
                     shared.metrics.inc(
                         "berth_docker_events_total",
                         "Container events seen, by action.",
-                        &[("action", ev.action.as_str())],
+                        &[("action", ev.what.as_str())],
                     );
-                    if let Some(proxy) = ev.proxy {
-                        tracing::debug!("docker event {} on {:?} ({proxy})", ev.action, ev.name);
-                        shared.trigger(Trigger::Proxy(proxy, "docker"));
-                    }
+                    tracing::debug!("engine event {} on {}", ev.what, ev.proxy);
+                    shared.trigger(Trigger::Proxy(ev.proxy, "docker"));
                 }
-                Some(Err(e)) => break format!("{e:#}"),
+                Some(Err(e)) => break e.to_string(),
                 None => break "the engine closed the event stream".to_string(),
             }
         };
@@ -66,7 +56,7 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
                 _ = tokio::time::sleep(backoff) => {}
             }
             backoff = (backoff * 2).min(MAX_BACKOFF);
-            if shared.engine.ping().await {
+            if shared.ops.infra.ping().await {
                 log(
                     shared.opts.mode,
                     "docker events: engine answers again, reconnected",

@@ -5,23 +5,24 @@
 //!
 //! ```text
 //!  config watcher ──┐ (notify, debounced: re-load, re-render, new generations)
-//!  docker events ───┼──► triggers (mpsc) ──► reconciler ──► one task per dirty proxy:
-//!  periodic resync ─┘                         (coalesces)    delivery::update for the watched
-//!                                                            files, Rollout::converge for the
-//!  status server  ◄── Shared { desired, record, metrics }    containers
+//!  engine changes ──┼──► triggers ──► scheduler ──► reconciler: one pass per dirty proxy,
+//!  periodic resync ─┤                (coalesces,    through the operations layer (host
+//!  EG remote ───────┘                 requeues)     prepared, files delivered, replicas rolled)
+//!  status server  ◄── Shared { desired, record, metrics }
 //!  signals ──► cancel
 //! ```
 //!
-//! Proxies are independent: each has at most one reconcile running, and a trigger for a proxy
-//! that is busy marks it dirty so it runs once more afterwards. On cancellation the running
-//! rollouts finish their current step ([`crate::rollout::Rollout::cancel`]) and serve exits 0;
-//! the proxies keep running (they are not berth's children).
+//! Proxies are independent: each has at most one pass running, and a trigger for a proxy that
+//! is busy marks it dirty so it runs once more afterwards ([`scheduler`]). On cancellation the
+//! running rollouts finish their current step and serve exits 0; the proxies keep running
+//! (they are not berth's children).
 
 mod config;
 pub mod eg_proxies;
 mod events;
-mod reconciler;
+pub mod reconciler;
 mod resync;
+pub mod scheduler;
 mod server;
 mod signals;
 
@@ -35,9 +36,11 @@ use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::Engine;
+use crate::engine::DockerEngine;
+use crate::infrastructure::docker_host::DockerHost;
 use crate::layout::DEFAULT_STATE_DIR;
 use crate::metrics::Metrics;
+use crate::operations::{HostPolicy, Operations};
 use crate::progress::Mode;
 use crate::render::Renderer;
 use crate::source::file::{self, Config};
@@ -89,14 +92,7 @@ pub enum RemoteFlag {
     At(crate::eg_provider::Listen),
 }
 
-/// Why a reconcile was asked for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Trigger {
-    /// Every proxy (startup, config change, resync, events reconnect).
-    All(&'static str),
-    /// One proxy (a Docker event).
-    Proxy(String, &'static str),
-}
+pub use scheduler::Trigger;
 
 /// What should run: the last good config and the proxies Envoy Gateway asked for, rendered.
 #[derive(Debug, Clone, Default)]
@@ -115,22 +111,48 @@ pub struct PassOutcome {
     pub epoch: u64,
     /// None: success; else the error and whether it is worth retrying.
     pub error: Option<(String, bool)>,
-    /// Whether the proxy should be looked at again soon (see `reconciler::requeue_later`).
-    pub requeue: bool,
 }
 
 /// A live update that failed, and when it may be tried again (None: after the next edit).
 #[derive(Debug, Clone, Copy)]
 pub struct Failed {
     pub generation: u64,
-    pub retry_after: Option<std::time::Instant>,
+    pub retry_after: Option<tokio::time::Instant>,
+}
+
+/// The persisted record, shareable with a progress hook.
+pub struct RecordStore {
+    record: Mutex<Record>,
+    state: StateDir,
+    mode: Mode,
+}
+
+impl RecordStore {
+    /// Changes the record and writes it.
+    pub fn update<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
+        let mut rec = self.record.lock().unwrap_or_else(|e| e.into_inner());
+        let r = f(&mut rec);
+        if let Err(e) = rec.save(&self.state) {
+            log(self.mode, &format!("cannot persist status: {e:#}"));
+        }
+        r
+    }
+
+    pub fn snapshot(&self) -> Record {
+        self.record
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
 
 /// What the components share.
 pub struct Shared {
     pub opts: Options,
-    pub engine: Engine,
+    pub ops: Operations,
     pub state: StateDir,
+    /// `tune_host` of the last good config.
+    pub tune_host: std::sync::atomic::AtomicBool,
     pub metrics: Metrics,
     pub desired: Mutex<Desired>,
     /// The last good config's targets (`desired` merges them with `remote`).
@@ -139,10 +161,8 @@ pub struct Shared {
     pub remote: Mutex<BTreeMap<String, eg_proxies::Managed>>,
     /// The last reconcile pass of each proxy, and a wake-up when one ends.
     pub passes: Mutex<BTreeMap<String, PassOutcome>>,
-    /// Requeues in a row per proxy, for the backoff.
-    pub requeues: Mutex<BTreeMap<String, u32>>,
     pub pass_done: tokio::sync::Notify,
-    pub record: Mutex<Record>,
+    pub record: Arc<RecordStore>,
     /// Proxies with a reconcile running now, and what it is doing.
     pub busy: Mutex<BTreeMap<String, String>>,
     /// Proxy → the generation whose live update failed.
@@ -151,22 +171,21 @@ pub struct Shared {
 }
 
 impl Shared {
-    /// Whether a container is this serve's: it carries every extra label this serve puts on
-    /// the containers it creates (so serves with different `--container-label`s on one host,
-    /// such as tests and benchmarks, never touch each other's containers).
-    pub fn is_mine(&self, c: &crate::replica::ObservedContainer) -> bool {
-        c.belongs_to(self.state.root())
-            && self
-                .opts
-                .extra_labels
-                .iter()
-                .all(|(k, v)| c.label(k) == Some(v.as_str()))
+    /// How the host is treated: the config's `tune_host`.
+    pub fn host_policy(&self) -> HostPolicy {
+        HostPolicy {
+            tune: self.tune_host.load(std::sync::atomic::Ordering::Relaxed),
+            force_memory: false,
+        }
+    }
+
+    /// The record, for hooks that outlive a borrow of `self`.
+    pub fn record_handle(&self) -> Arc<RecordStore> {
+        self.record.clone()
     }
 
     pub fn trigger(&self, t: Trigger) {
-        let source = match &t {
-            Trigger::All(s) | Trigger::Proxy(_, s) => *s,
-        };
+        let source = t.source();
         self.metrics.inc(
             "berth_triggers_total",
             "Reconcile triggers received, by source.",
@@ -252,12 +271,7 @@ impl Shared {
 
     /// Changes the persisted record and writes it.
     pub fn update_record<R>(&self, f: impl FnOnce(&mut Record) -> R) -> R {
-        let mut rec = self.record.lock().unwrap_or_else(|e| e.into_inner());
-        let r = f(&mut rec);
-        if let Err(e) = rec.save(&self.state) {
-            log(self.opts.mode, &format!("cannot persist status: {e:#}"));
-        }
-        r
+        self.record.update(f)
     }
 
     /// Re-reads and renders the config. On success the new targets replace the desired ones
@@ -274,10 +288,12 @@ impl Shared {
                     eg_proxies::persisted_path(&self.state, t.name()).display()
                 );
             }
-            Ok(targets)
+            Ok((config.tune_host, targets))
         });
         match loaded {
-            Ok(targets) => {
+            Ok((tune_host, targets)) => {
+                self.tune_host
+                    .store(tune_host, std::sync::atomic::Ordering::Relaxed);
                 self.update_record(|rec| {
                     rec.config = status::ConfigRecord {
                         file: self.opts.config.clone(),
@@ -380,19 +396,29 @@ pub async fn run(opts: Options) -> Result<()> {
     // Absolute: it is a bind-mount source and a container label.
     let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
     let state = StateDir::open(&state_path)?;
-    let engine = Engine::connect().await?;
+    let engine = DockerEngine::connect().await?;
+    let ops = Operations::new(Arc::new(DockerHost::new(
+        Arc::new(engine),
+        Arc::new(crate::admin::SocketConnector),
+        state.clone(),
+        opts.extra_labels.clone(),
+    )));
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
-        record: Mutex::new(Record::load(&state)),
+        record: Arc::new(RecordStore {
+            record: Mutex::new(Record::load(&state)),
+            state: state.clone(),
+            mode: opts.mode,
+        }),
         opts: opts.clone(),
-        engine,
+        ops,
+        tune_host: std::sync::atomic::AtomicBool::new(first.tune_host),
         state,
         metrics: Metrics::new(),
         desired: Mutex::new(Desired::default()),
         config_targets: Mutex::new(BTreeMap::new()),
         remote: Mutex::new(BTreeMap::new()),
         passes: Mutex::new(BTreeMap::new()),
-        requeues: Mutex::new(BTreeMap::new()),
         pass_done: tokio::sync::Notify::new(),
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),
@@ -441,6 +467,28 @@ pub async fn run(opts: Options) -> Result<()> {
     for name in names {
         create_proxy_dir(&shared.state, &name)?;
     }
+    // After a reboot the kernel settings replicas depend on are gone while Docker has already
+    // restarted the replicas: put them back before anything else.
+    let fleet: Vec<Target> = shared
+        .desired
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .targets
+        .values()
+        .cloned()
+        .collect();
+    match shared.ops.prepare_host(&fleet, shared.host_policy()).await {
+        Ok(prep) => {
+            for line in prep.notes.iter().chain(&prep.degraded) {
+                log(opts.mode, line);
+            }
+        }
+        // Reported per proxy (Degraded) by its first pass, which prepares again.
+        Err(e) => log(
+            opts.mode,
+            &format!("the host is not ready for the fleet: {e}"),
+        ),
+    }
     let cancel = CancellationToken::new();
 
     // Bind before anything runs, so a port in use fails at once.
@@ -460,7 +508,22 @@ pub async fn run(opts: Options) -> Result<()> {
         ),
         (
             "reconciler",
-            Box::pin(reconciler::run(shared.clone(), rx, cancel.clone())),
+            Box::pin({
+                let (shared, cancel) = (shared.clone(), cancel.clone());
+                async move {
+                    let requeue = shared.triggers.clone();
+                    let owned = {
+                        let shared = shared.clone();
+                        move || reconciler::owned(&shared)
+                    };
+                    scheduler::run(rx, requeue, cancel, owned, move |name, cancel| {
+                        let shared = shared.clone();
+                        async move { reconciler::pass(&shared, &name, &cancel).await }
+                    })
+                    .await;
+                    Ok(())
+                }
+            }),
         ),
     ];
     if opts.watch {

@@ -6,13 +6,12 @@
 //! - `GET /metrics`: Prometheus text: berth's own metrics, then every replica's Envoy stats
 //!   (`/stats/prometheus?usedonly` over its admin socket) labelled `proxy` and `replica`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Result;
-use futures_util::StreamExt;
 use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper::{Method, Request, Response, StatusCode};
@@ -21,14 +20,9 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::admin::Admin;
-use crate::delivery;
+use crate::engine::RunState;
 use crate::metrics::{merge_envoy, MAX_ENVOY_SAMPLES};
-use crate::replica::{ObservedContainer, RunState, LABEL_NAME};
 use crate::status::record::{Condition, RolloutRecord};
-
-/// How long one replica's admin may take to answer a scrape or a status query.
-const ADMIN_TIMEOUT: Duration = Duration::from_millis(1000);
 
 pub async fn run(
     shared: Arc<Shared>,
@@ -135,7 +129,13 @@ pub struct ReplicaStatus {
     pub container: String,
     pub slot: Option<u32>,
     pub state: RunState,
-    pub ready: String,
+    /// Ready by the one probe: LIVE and every listener port bound.
+    pub ready: bool,
+    /// Envoy's own `/ready` answer (LIVE, DRAINING, …), or "-".
+    pub envoy: String,
+    /// Why it is not ready, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub spec: String,
     /// The generation this replica has confirmed: the version its Envoy accepted for every
     /// watched file, capped by the generation its container spec was first desired at.
@@ -143,11 +143,7 @@ pub struct ReplicaStatus {
 }
 
 async fn status(shared: &Shared) -> Result<ServeStatus> {
-    let record = shared
-        .record
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone();
+    let record = shared.record.snapshot();
     let (targets, generations) = {
         let d = shared.desired.lock().unwrap_or_else(|e| e.into_inner());
         (d.targets.clone(), d.generations.clone())
@@ -157,61 +153,41 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .clone();
-    let mut observed = shared.engine.observe().await?;
-    observed.retain(|c| shared.is_mine(c));
-    let mut names: Vec<String> = targets.keys().cloned().collect();
-    for p in record.proxies.keys() {
-        if !names.contains(p) {
-            names.push(p.clone());
-        }
-    }
+    let mut names: BTreeSet<String> = targets.keys().cloned().collect();
+    names.extend(record.proxies.keys().cloned());
+    let rows = shared.ops.status(&names).await?;
     let mut proxies = Vec::new();
     for name in names {
         let rec = record.proxies.get(&name).cloned().unwrap_or_default();
-        let files = shared.state.read_xds(&name).unwrap_or_default();
-        let subs = delivery::subscriptions(&files);
-        let desired_hash = targets.get(&name).map(|t| t.desired.hash.clone());
-        let mine: Vec<&ObservedContainer> = observed
+        let replicas = rows
             .iter()
-            .filter(|c| c.proxy() == Some(name.as_str()))
-            .collect();
-        let replicas = futures_util::future::join_all(mine.iter().map(|c| {
-            let run = c.label(LABEL_NAME).unwrap_or(&c.name).to_string();
-            let admin = Admin::new(shared.state.proxy(&name).admin_socket(&run))
-                .with_timeout(ADMIN_TIMEOUT);
-            let spec_gen = c.spec_hash().and_then(|h| rec.specs.get(h)).copied();
-            let current = desired_hash.is_some() && c.spec_hash() == desired_hash.as_deref();
-            let subs = subs.clone();
-            async move {
-                let (ready, files_gen) = if c.state == RunState::Running {
-                    let ready = match admin.ready().await {
-                        Ok(r) => r.to_string(),
-                        Err(_) => "-".into(),
-                    };
-                    let gen = delivery::snapshot(&admin)
-                        .await
-                        .ok()
-                        .and_then(|s| delivery::confirmed_generation(&s, &subs));
-                    (ready, gen)
-                } else {
-                    ("-".to_string(), None)
-                };
+            .filter(|r| r.proxy == name)
+            .map(|r| {
+                let spec_gen = rec
+                    .specs
+                    .iter()
+                    .find(|(h, _)| crate::replica::short_hash(h) == r.spec)
+                    .map(|(_, g)| *g);
+                let current = targets
+                    .get(&name)
+                    .is_some_and(|t| crate::replica::short_hash(&t.desired.hash) == r.spec);
                 ReplicaStatus {
-                    container: c.name.clone(),
-                    slot: c.slot(),
-                    state: c.state,
-                    ready,
-                    spec: crate::replica::short_hash(c.spec_hash().unwrap_or("")).to_string(),
+                    container: r.container.clone(),
+                    slot: r.slot,
+                    state: r.state,
+                    ready: r.ready,
+                    envoy: r.envoy.clone(),
+                    reason: r.reason.clone(),
+                    spec: r.spec.clone(),
                     // A replica of an older spec has not observed the generations after it.
                     observed_generation: if current {
-                        files_gen
+                        r.observed_generation
                     } else {
-                        files_gen.zip(spec_gen).map(|(f, s)| f.min(s))
+                        r.observed_generation.zip(spec_gen).map(|(f, s)| f.min(s))
                     },
                 }
-            }
-        }))
-        .await;
+            })
+            .collect();
         proxies.push(ProxyStatus {
             desired_generation: generations.get(&name).copied().unwrap_or(rec.generation),
             desired_replicas: targets.get(&name).map(|t| t.desired.replicas).unwrap_or(0),
@@ -230,40 +206,8 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
 }
 
 async fn metrics(shared: &Shared) -> String {
-    let mut observed = shared.engine.observe().await.unwrap_or_default();
-    observed.retain(|c| shared.is_mine(c));
-    let owned: Vec<String> = {
-        let d = shared.desired.lock().unwrap_or_else(|e| e.into_inner());
-        let mut n: Vec<String> = d.targets.keys().cloned().collect();
-        n.extend(shared.state.proxies().unwrap_or_default());
-        n
-    };
-    let running: Vec<(String, String, Admin)> = observed
-        .iter()
-        .filter(|c| c.state == RunState::Running)
-        .filter_map(|c| {
-            let proxy = c.proxy()?.to_string();
-            if !owned.contains(&proxy) {
-                return None;
-            }
-            let run = c.label(LABEL_NAME).unwrap_or(&c.name);
-            let admin = Admin::new(shared.state.proxy(&proxy).admin_socket(run))
-                .with_timeout(ADMIN_TIMEOUT);
-            Some((proxy, c.name.clone(), admin))
-        })
-        .collect();
-    let mut scraped: Vec<(String, String, String)> =
-        futures_util::stream::iter(running.into_iter().map(|(p, r, admin)| async move {
-            match admin.get("/stats/prometheus?usedonly").await {
-                Ok((200, body)) => Some((p, r, body)),
-                _ => None,
-            }
-        }))
-        .buffer_unordered(8)
-        .filter_map(|x| async move { x })
-        .collect()
-        .await;
-    scraped.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+    let owned = super::reconciler::owned(shared);
+    let scraped = shared.ops.infra.envoy_metrics(&owned).await;
     let (envoy, dropped) = merge_envoy(&scraped, MAX_ENVOY_SAMPLES);
     let m = &shared.metrics;
     m.set(
@@ -278,6 +222,16 @@ async fn metrics(shared: &Shared) -> String {
         &[],
         dropped as f64,
     );
+    if let Ok(rows) = shared.ops.status(&owned).await {
+        for r in &rows {
+            m.set(
+                "berth_replica_ready",
+                "1 when the replica is ready by the one probe (LIVE, every listener bound).",
+                &[("proxy", &r.proxy), ("replica", &r.container)],
+                if r.ready { 1.0 } else { 0.0 },
+            );
+        }
+    }
     let busy: BTreeMap<String, String> = shared
         .busy
         .lock()

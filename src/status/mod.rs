@@ -1,20 +1,13 @@
-//! What runs now: one row per replica, read from the engine and each replica's admin socket.
+//! What runs now: one row per replica (the infrastructure collects them, with the one
+//! readiness probe), and what `berth serve` records per proxy ([`record`]); the tables both
+//! are shown as.
 
 pub mod record;
 
-use std::collections::BTreeMap;
-use std::time::Duration;
-
 use serde::Serialize;
 
-use crate::admin::Admin;
-use crate::delivery;
-use crate::replica::{self, ObservedContainer, RunState, LABEL_NAME};
-use crate::state::StateDir;
+use crate::engine::RunState;
 use record::Record;
-
-/// How long one replica's admin may take to answer before it is shown as unknown.
-const ADMIN_TIMEOUT: Duration = Duration::from_secs(1);
 
 #[derive(Debug, Clone, Serialize)]
 pub struct ReplicaStatus {
@@ -22,8 +15,13 @@ pub struct ReplicaStatus {
     pub slot: Option<u32>,
     pub container: String,
     pub state: RunState,
-    /// `/ready` as the replica reports it (LIVE, DRAINING, …), or "-" when it cannot answer.
-    pub ready: String,
+    /// Ready by the one probe ([`crate::readiness`]): LIVE and every listener port bound.
+    pub ready: bool,
+    /// Envoy's own `/ready` answer (LIVE, DRAINING, …), or "-" when it cannot answer.
+    pub envoy: String,
+    /// Why it is not ready, when it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
     pub image: String,
     pub spec: String,
     pub uptime_seconds: Option<u64>,
@@ -31,68 +29,6 @@ pub struct ReplicaStatus {
     /// The config generation this replica has accepted (the `version_info` of its watched
     /// files, which `berth serve` stamps), when it reports one.
     pub observed_generation: Option<u64>,
-}
-
-/// The status of every berth replica, sorted by proxy and slot.
-pub async fn collect(state: &StateDir, observed: &[ObservedContainer]) -> Vec<ReplicaStatus> {
-    // The subscriptions each proxy's watched files define, read once per proxy.
-    let subscriptions: BTreeMap<&str, Vec<String>> = observed
-        .iter()
-        .filter_map(|c| c.proxy())
-        .map(|p| {
-            (
-                p,
-                delivery::subscriptions(&state.read_xds(p).unwrap_or_default()),
-            )
-        })
-        .collect();
-    let subscriptions = &subscriptions;
-    let rows = observed
-        .iter()
-        .filter(|c| c.is_managed())
-        .map(|c| async move {
-            let proxy = c.proxy().unwrap_or("?").to_string();
-            let run_name = c.label(LABEL_NAME).unwrap_or(&c.name);
-            let admin = Admin::new(state.proxy(&proxy).admin_socket(run_name));
-            let (ready, connections, observed_generation) = if c.state == RunState::Running {
-                let ready = tokio::time::timeout(ADMIN_TIMEOUT, admin.ready()).await;
-                let conns =
-                    tokio::time::timeout(ADMIN_TIMEOUT, admin.downstream_connections()).await;
-                let subs = subscriptions
-                    .get(proxy.as_str())
-                    .map_or(&[][..], Vec::as_slice);
-                let generation = tokio::time::timeout(ADMIN_TIMEOUT, delivery::snapshot(&admin))
-                    .await
-                    .ok()
-                    .and_then(|r| r.ok())
-                    .and_then(|snap| delivery::confirmed_generation(&snap, subs));
-                (
-                    match ready {
-                        Ok(Ok(r)) => r.to_string(),
-                        _ => "-".to_string(),
-                    },
-                    conns.ok().and_then(|r| r.ok()),
-                    generation,
-                )
-            } else {
-                ("-".to_string(), None, None)
-            };
-            ReplicaStatus {
-                proxy,
-                slot: c.slot(),
-                container: c.name.clone(),
-                state: c.state,
-                ready,
-                image: c.info.image.clone(),
-                spec: replica::short_hash(c.spec_hash().unwrap_or("")).to_string(),
-                uptime_seconds: c.uptime_seconds(),
-                connections,
-                observed_generation,
-            }
-        });
-    let mut rows = futures_util::future::join_all(rows).await;
-    rows.sort_by(|a, b| (&a.proxy, a.slot).cmp(&(&b.proxy, b.slot)));
-    rows
 }
 
 /// A kubectl-style table of replicas.
@@ -103,6 +39,7 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
         "CONTAINER",
         "STATE",
         "READY",
+        "ENVOY",
         "IMAGE",
         "SPEC",
         "GEN",
@@ -118,7 +55,8 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
                 r.slot.map(|s| s.to_string()).unwrap_or_else(dash),
                 r.container.clone(),
                 r.state.to_string(),
-                r.ready.clone(),
+                if r.ready { "yes" } else { "no" }.to_string(),
+                r.envoy.clone(),
                 r.image.clone(),
                 r.spec.clone(),
                 r.observed_generation
@@ -129,7 +67,13 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
             ]
         })
         .collect();
-    columns(&header, cells)
+    let mut out = columns(&header, cells);
+    for r in rows.iter().filter(|r| r.state == RunState::Running) {
+        if let Some(reason) = &r.reason {
+            out.push_str(&format!("\n{}: not ready: {reason}", r.container));
+        }
+    }
+    out
 }
 
 /// A table of what `berth serve` recorded per proxy: generation, conditions, last rollout.

@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use berth::admin::Admin;
-use berth::engine::Engine;
+use berth::engine::{ContainerEngine, DockerEngine};
 use berth::layout;
 use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 
@@ -43,7 +43,7 @@ pub struct Fleet {
     pub cleanup: Cleanup,
     pub dir: tempfile::TempDir,
     pub port: u16,
-    pub engine: Engine,
+    pub engine: DockerEngine,
 }
 
 /// What a config varies in these tests.
@@ -76,7 +76,7 @@ impl Fleet {
             cleanup: Cleanup::new(name),
             dir: short_tempdir(),
             port: free_port(),
-            engine: Engine::connect().await.expect("docker"),
+            engine: DockerEngine::connect().await.expect("docker"),
         }
     }
 
@@ -166,7 +166,7 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
     pub async fn replicas(&self) -> Vec<ObservedContainer> {
         let mut cs = self
             .engine
-            .observe_labelled(&self.cleanup.filter())
+            .observe(&self.cleanup.label_filter())
             .await
             .unwrap();
         cs.retain(|c| c.is_managed());
@@ -250,11 +250,11 @@ pub fn sabotage_slot(
     slot: u32,
     before: Vec<String>,
 ) -> tokio::task::JoinHandle<Option<String>> {
-    let filter = fleet.cleanup.filter();
+    let filter = fleet.cleanup.label_filter();
     tokio::spawn(async move {
-        let engine = Engine::connect().await.unwrap();
+        let engine = DockerEngine::connect().await.unwrap();
         for _ in 0..600 {
-            let cs = engine.observe_labelled(&filter).await.unwrap_or_default();
+            let cs = engine.observe(&filter).await.unwrap_or_default();
             if let Some(c) = cs
                 .iter()
                 .find(|c| c.slot() == Some(slot) && !before.contains(&c.name))

@@ -81,6 +81,11 @@ impl Cleanup {
     pub fn filter(&self) -> String {
         format!("{LABEL_TEST_CASE}={}", self.case)
     }
+
+    /// [`Cleanup::filter`] for the engine seam.
+    pub fn label_filter(&self) -> berth::engine::LabelFilter {
+        berth::engine::LabelFilter::default().with(LABEL_TEST_CASE, Some(&self.case))
+    }
 }
 
 impl Drop for Cleanup {
@@ -199,8 +204,16 @@ impl Fixture {
         }
     }
 
-    /// A replica of proxy `proxy` in `slot`, named `name`.
+    /// A replica of proxy `proxy` in `slot`, named `name`, with its run directory made as berth
+    /// makes it (owned by uid 101, mode 0700: Envoy creates its admin socket there).
     pub fn replica(&self, proxy: &str, slot: u32, name: &str, image: &str) -> ReplicaContainer {
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = self.run_dir(name);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::os::unix::fs::chown(&dir, Some(101), Some(101)).unwrap();
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        }
         let labels = BTreeMap::from([
             (LABEL_MANAGED_BY.to_string(), MANAGED_BY_VALUE.to_string()),
             (LABEL_PROXY.to_string(), proxy.to_string()),
@@ -242,10 +255,31 @@ impl Fixture {
                     read_only: false,
                 },
             ],
-            cap_add: vec![],
             labels,
+            hardening: berth::replica::Hardening {
+                user: berth::replica::REPLICA_USER,
+                read_only_rootfs: true,
+                cap_drop_all: true,
+                cap_add: vec![],
+                no_new_privileges: true,
+            },
+            network: berth::replica::Network::Host,
+            restart_policy: berth::replica::RESTART_POLICY.to_string(),
         }
     }
+}
+
+/// Creates and starts `replica` with the test's labels; returns its ID.
+pub async fn run_replica(
+    engine: &berth::engine::DockerEngine,
+    mut replica: ReplicaContainer,
+    cleanup: &Cleanup,
+) -> String {
+    use berth::engine::ContainerEngine;
+    replica.labels.extend(cleanup.labels());
+    let id = engine.create(&replica).await.expect("create");
+    engine.start(&id).await.expect("start");
+    id
 }
 
 /// Waits until the replica's admin says LIVE.

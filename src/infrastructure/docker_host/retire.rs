@@ -1,29 +1,53 @@
 //! Retiring a replica without losing a request (DESIGN decision 6).
 
-use super::*;
+use std::time::Duration;
 
-impl Rollout<'_> {
+use anyhow::Result;
+use tokio::time::Instant;
+
+use super::execute::{run_dir_name, Run};
+use crate::admin::AdminApi;
+use crate::crashpoint;
+use crate::engine::{ObservedContainer, RunState};
+use crate::infrastructure::ConvergeError;
+use crate::ir::{RolloutPolicy, Shutdown};
+use crate::plan::ContainerRef;
+use crate::progress::{Event, Reporter};
+
+/// How often connection counts are polled while draining.
+const POLL: Duration = Duration::from_millis(50);
+/// Timeout of one admin call while draining.
+const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
+
+impl Run<'_> {
     /// Retires a replica without losing a request: fail health checks, drain gracefully until
     /// its connections are gone, close the listen sockets (see [`drain`] for the order and
     /// why), then stop and remove.
-    pub async fn retire(
+    pub(super) async fn retire(
         &self,
         proxy: &str,
         container: &ContainerRef,
         observed: &[ObservedContainer],
         shutdown: &Shutdown,
         _policy: &RolloutPolicy, // the drain window is `shutdown.drain_timeout`
-    ) -> Result<()> {
+    ) -> Result<(), ConvergeError> {
         let run_name = run_dir_name(container, observed);
         let running = matches!(
-            self.engine.state(&container.id).await?,
-            Some(RunState::Running)
+            self.engine.status(&container.id).await?,
+            Some(s) if s.state == RunState::Running
         );
         if running {
-            let admin = Admin::new(self.state.proxy(proxy).admin_socket(&run_name));
+            let admin = self.host.admin(proxy, &run_name, ADMIN_TIMEOUT);
             self.reporter
                 .event(Event::new(proxy, "draining").container(&container.name));
-            let drained = drain(&admin, shutdown, self.reporter, proxy, &container.name).await;
+            let drained = drain(
+                admin.as_ref(),
+                shutdown,
+                self.reporter,
+                proxy,
+                &container.name,
+            )
+            .await;
             // A drained replica has closed its listeners and has no connection left: removing
             // it (SIGKILL) loses nothing and saves a stop round trip. Without a drain, Envoy
             // gets its SIGTERM first.
@@ -33,7 +57,7 @@ impl Rollout<'_> {
                         .container(&container.name)
                         .message("admin socket did not answer; stopping directly"),
                 );
-                self.engine.stop(&container.id, STOP_TIMEOUT).await?;
+                self.engine.stop(&container.id, super::STOP_TIMEOUT).await?;
             }
         }
         self.engine.remove(&container.id).await?;
@@ -69,7 +93,7 @@ const LISTEN_GRACE: Duration = Duration::from_secs(2);
 /// 4. Wait for the remaining connections, at most `drain_timeout` (EG's drain window, also
 ///    Envoy's `--drain-time-s`) in all.
 pub(super) async fn drain(
-    admin: &Admin,
+    admin: &dyn AdminApi,
     shutdown: &Shutdown,
     reporter: &Reporter,
     proxy: &str,

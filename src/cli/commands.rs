@@ -1,0 +1,332 @@
+//! One function per command: resolve, call the operations, print.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use anyhow::{bail, Context, Result};
+
+use super::settings::Resolved;
+use super::{BadInput, Cli, Command, Output};
+use crate::operations::HostPolicy;
+use crate::progress::Event;
+use crate::status;
+
+pub(super) fn render(cli: &Cli, proxy: Option<&str>) -> Result<()> {
+    let resolved = Resolved::load(cli)?;
+    let targets = resolved.selected(proxy)?;
+    if cli.output == Output::Json {
+        let files: BTreeMap<&str, BTreeMap<String, &str>> = targets
+            .iter()
+            .map(|t| {
+                let mut files: BTreeMap<String, &str> = t
+                    .rendered
+                    .xds
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.as_str()))
+                    .collect();
+                files.insert(crate::layout::BOOTSTRAP_FILE.into(), &t.rendered.bootstrap);
+                (t.name(), files)
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&files)?);
+        return Ok(());
+    }
+    for t in targets {
+        println!("# proxy {} — {}", t.name(), crate::layout::BOOTSTRAP_FILE);
+        println!("{}", t.rendered.bootstrap.trim_end());
+        for (name, content) in &t.rendered.xds {
+            println!("\n# proxy {} — {name}", t.name());
+            println!("{}", content.trim_end());
+        }
+        println!();
+    }
+    Ok(())
+}
+
+pub(super) async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
+    let config = super::settings::load(cli)?;
+    // Render against a scratch state directory: validation must not touch the real one.
+    let scratch = tempfile::Builder::new()
+        .prefix("berth-validate-")
+        .tempdir()?;
+    let resolved = Resolved::render(cli, Some(config), scratch.path().to_path_buf())?;
+    let proxies = resolved.targets.len();
+    if no_envoy {
+        println!("{}: config is valid ({proxies} proxies)", cli.sources());
+        return Ok(());
+    }
+    let ops = match resolved.operations(cli, true).await {
+        Ok(ops) => ops,
+        Err(e) => {
+            // An engine that does not answer is a reason to skip the Envoy check, said so;
+            // anything else is an error.
+            if !e
+                .downcast_ref::<crate::engine::EngineError>()
+                .is_some_and(|e| matches!(e, crate::engine::EngineError::Unreachable { .. }))
+            {
+                return Err(e);
+            }
+            println!(
+                "{}: config is valid ({proxies} proxies); Envoy check skipped: {e:#}",
+                cli.sources()
+            );
+            return Ok(());
+        }
+    };
+    let reporter = cli.reporter();
+    ops.validate(&resolved.targets, &reporter).await?;
+    drop(reporter);
+    println!(
+        "{}: config is valid and Envoy accepts it ({proxies} proxies)",
+        cli.sources()
+    );
+    Ok(())
+}
+
+pub(super) async fn diff(cli: &Cli) -> Result<()> {
+    let resolved = Resolved::load(cli)?;
+    let ops = resolved.operations(cli, false).await?;
+    let plan = ops.diff(&resolved.targets).await?;
+    if cli.output == Output::Json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "summary": plan.summary(),
+                "actions": plan.actions,
+                "notes": plan.notes,
+            }))?
+        );
+        return Ok(());
+    }
+    if plan.is_empty() {
+        println!(
+            "No changes. {} proxies are up to date.",
+            resolved.targets.len()
+        );
+        return Ok(());
+    }
+    println!("berth will perform these actions:\n");
+    for action in &plan.actions {
+        println!("  {action}");
+    }
+    for note in &plan.notes {
+        println!("  {note}");
+    }
+    println!("\n{}", plan.summary());
+    Ok(())
+}
+
+pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
+    let resolved = Resolved::load(cli)?;
+    let ops = resolved.operations(cli, true).await?;
+    let reporter = cli.reporter();
+    let policy = HostPolicy {
+        tune: resolved.tune_host(),
+        force_memory: force,
+    };
+    let report = ops
+        .up(
+            &resolved.targets,
+            policy,
+            crate::delivery::DEFAULT_CONFIRM_TIMEOUT,
+            &reporter,
+        )
+        .await?;
+    for warning in &report.host.degraded {
+        tracing::warn!("{warning}");
+    }
+    let failed: Vec<String> = report
+        .converged
+        .iter()
+        .filter_map(|(_, c)| c.delivery.failed().map(|r| r.to_string()))
+        .collect();
+    if cli.output == Output::Json {
+        // Counted before anything else is asked of the engine: the cost of this reconcile.
+        reporter.event(
+            Event::new("berth", "summary")
+                .message(format!("{} docker api requests", ops.infra.api_calls())),
+        );
+    }
+    drop(reporter);
+    if !failed.is_empty() {
+        bail!("{}", failed.join("\n"));
+    }
+    // xDS mode's first install may end before Envoy Gateway has pushed any listener: said,
+    // not failed (see the gate).
+    let xds: BTreeSet<&str> = resolved
+        .targets
+        .iter()
+        .filter(|t| t.desired.xds)
+        .map(|t| t.name())
+        .collect();
+    let (waiting, not_ready): (Vec<_>, Vec<_>) = report
+        .converged
+        .iter()
+        .filter(|(_, c)| !c.readiness.all_ready())
+        .map(|(name, c)| (name, format!("proxy {name}: {}", c.readiness)))
+        .partition(|(name, _)| xds.contains(name.as_str()));
+    for (_, line) in &waiting {
+        eprintln!("note: {line} (xDS mode: waiting for Envoy Gateway's listeners)");
+    }
+    let not_ready: Vec<String> = not_ready.into_iter().map(|(_, l)| l).collect();
+    if cli.output == Output::Table && !cli.quiet {
+        let rows = ops.status(&resolved.names()).await?;
+        println!("{}", status::table(&rows));
+    }
+    if !not_ready.is_empty() {
+        bail!("not every replica is ready:\n{}", not_ready.join("\n"));
+    }
+    Ok(())
+}
+
+pub(super) async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()> {
+    use std::io::IsTerminal;
+    let resolved = Resolved::load_optional(cli)?;
+    let ops = resolved.operations(cli, false).await?;
+    let mut proxies: BTreeSet<String> = resolved.names();
+    proxies.extend(ops.owned().await?);
+    if let Some(p) = proxy {
+        if !proxies.contains(p) {
+            bail!(
+                "no proxy named {p:?} is known here (config {}, state {})",
+                cli.config_path().display(),
+                resolved.state_dir.display()
+            );
+        }
+        proxies = BTreeSet::from([p.to_string()]);
+    }
+    let rows = ops.status(&proxies).await?;
+    let removal: super::down_guard::Removal = proxies
+        .iter()
+        .map(|p| (p.clone(), rows.iter().filter(|r| &r.proxy == p).count()))
+        .collect();
+    let ask = super::down_guard::Ask {
+        has_config: resolved.config.is_some(),
+        proxy_named: proxy.is_some(),
+        all,
+        interactive: std::io::stdin().is_terminal() && std::io::stderr().is_terminal(),
+        state_dir: &resolved.state_dir,
+    };
+    match super::down_guard::decide(ask, &removal) {
+        super::down_guard::Decision::Proceed => {}
+        super::down_guard::Decision::Refuse(why) => return Err(BadInput(why).into()),
+        super::down_guard::Decision::Ask(question) => {
+            if !super::down_guard::confirm(
+                &question,
+                &mut std::io::stdin().lock(),
+                &mut std::io::stderr(),
+            ) {
+                return Err(BadInput("not confirmed".into()).into());
+            }
+        }
+    }
+    let reporter = cli.reporter();
+    let mut removed = 0;
+    for name in &proxies {
+        removed += ops
+            .remove(name, &reporter)
+            .await
+            .with_context(|| format!("removing proxy {name}"))?;
+    }
+    drop(reporter);
+    if !cli.quiet && cli.output == Output::Table {
+        println!(
+            "removed {removed} replica(s) of {} proxy(ies)",
+            proxies.len()
+        );
+    }
+    Ok(())
+}
+
+pub(super) async fn status(cli: &Cli) -> Result<()> {
+    let resolved = Resolved::load_optional(cli)?;
+    let ops = resolved.operations(cli, false).await?;
+    let mut proxies = resolved.names();
+    proxies.extend(ops.owned().await?);
+    let rows = ops.status(&proxies).await?;
+    // What `berth serve` recorded (generations, conditions, last rollout), when it runs here.
+    let record = status::record::read(&crate::state::StateDir::at(&resolved.state_dir));
+    if cli.output == Output::Json {
+        let proxies = record.map(|r| r.proxies).unwrap_or_default();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({
+                "replicas": rows,
+                "proxies": proxies,
+            }))?
+        );
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!(
+            "no replicas (config {}, state {})",
+            cli.config_path().display(),
+            resolved.state_dir.display()
+        );
+    } else {
+        println!("{}", status::table(&rows));
+    }
+    if let Some(record) = record.filter(|r| !r.proxies.is_empty()) {
+        println!("\n{}", status::proxies_table(&record));
+    }
+    Ok(())
+}
+
+pub(super) async fn serve(cli: &Cli) -> Result<()> {
+    let Command::Serve {
+        listen,
+        resync,
+        confirm_timeout,
+        no_watch,
+        no_docker_events,
+        remote,
+    } = &cli.command
+    else {
+        unreachable!("serve is only called for the serve command")
+    };
+    if !cli.ir.is_empty() {
+        return Err(BadInput(
+            "serve does not take --ir: list IR files in [envoy_gateway] ir_files of the config (re-read with it), or enable [envoy_gateway] remote".into(),
+        )
+        .into());
+    }
+    let listen = match listen.as_str() {
+        "off" | "none" | "" => None,
+        addr => Some(
+            addr.parse()
+                .with_context(|| format!("--listen {addr:?}: expected HOST:PORT or \"off\""))?,
+        ),
+    };
+    crate::serve::run(crate::serve::Options {
+        config: cli.config_path(),
+        state_dir: cli.state_dir.clone(),
+        templates: cli.templates.clone(),
+        extra_labels: cli.container_labels(),
+        mode: cli.mode(),
+        listen,
+        resync: (!resync.is_zero()).then_some(*resync),
+        watch: !no_watch,
+        docker_events: !no_docker_events,
+        confirm_timeout: *confirm_timeout,
+        remote: match remote.as_deref() {
+            None => crate::serve::RemoteFlag::FromConfig,
+            Some("off") => crate::serve::RemoteFlag::Off,
+            Some(addr) => crate::serve::RemoteFlag::At(
+                crate::eg_provider::Listen::parse(addr, &std::env::current_dir()?)
+                    .map_err(|m| BadInput(format!("--remote: {m}")))?,
+            ),
+        },
+    })
+    .await
+}
+
+/// The exit code an error means: 2 for bad input (nothing was changed), 1 otherwise.
+pub(super) fn exit_code(e: &anyhow::Error) -> i32 {
+    if e.downcast_ref::<BadInput>().is_some()
+        || e.downcast_ref::<crate::source::file::ConfigErrors>()
+            .is_some()
+    {
+        2
+    } else {
+        1
+    }
+}

@@ -1,0 +1,302 @@
+//! Settings resolved once, from flags, the environment and the config: the config and its
+//! targets, the state directory, the renderer, the output mode, the infrastructure. Every
+//! default lives here; commands only use what this resolved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{bail, Result};
+
+use super::{BadInput, Cli, Output};
+use crate::admin::SocketConnector;
+use crate::engine::DockerEngine;
+use crate::infrastructure::docker_host::DockerHost;
+use crate::layout::DEFAULT_STATE_DIR;
+use crate::operations::Operations;
+use crate::progress::{Mode, Reporter};
+use crate::render::Renderer;
+use crate::source::file::{self, Config};
+use crate::state::StateDir;
+use crate::target::{self, Target};
+
+/// The default config file.
+pub const DEFAULT_CONFIG: &str = "berth.toml";
+
+impl Cli {
+    /// The config file: `-f`, else `BERTH_CONFIG`, else `berth.toml`.
+    pub fn config_path(&self) -> PathBuf {
+        self.file
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG))
+    }
+
+    /// What the proxies come from, for messages: the config file and the `--ir` files.
+    pub(super) fn sources(&self) -> String {
+        let path = self.config_path();
+        let mut parts = Vec::new();
+        if self.ir.is_empty() || self.file.is_some() || path.exists() {
+            parts.push(path.display().to_string());
+        }
+        parts.extend(self.ir.iter().map(|p| format!("--ir {}", p.display())));
+        parts.join(" + ")
+    }
+
+    pub(super) fn mode(&self) -> Mode {
+        match (self.quiet, self.output) {
+            (true, _) => Mode::Quiet,
+            (false, Output::Json) => Mode::Json,
+            (false, Output::Table) => Mode::Human,
+        }
+    }
+
+    pub(super) fn reporter(&self) -> Reporter {
+        Reporter::new(self.mode())
+    }
+
+    pub(super) fn container_labels(&self) -> BTreeMap<String, String> {
+        self.container_labels.iter().cloned().collect()
+    }
+
+    pub(super) fn renderer(&self) -> Result<Renderer> {
+        match &self.templates {
+            Some(dir) => Renderer::with_overrides(dir),
+            None => Ok(Renderer::builtin()),
+        }
+    }
+
+    /// The state directory, absolute: it is a bind-mount source and a container label.
+    pub(super) fn state_dir(&self, config: Option<&Config>) -> PathBuf {
+        let dir = self
+            .state_dir
+            .clone()
+            .or_else(|| config.and_then(|c| c.state_dir.clone()))
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        std::path::absolute(&dir).unwrap_or(dir)
+    }
+}
+
+/// What a command works on: the config (with `--ir` proxies) and its rendered targets.
+pub(super) struct Resolved {
+    pub config: Option<Config>,
+    pub targets: Vec<Target>,
+    pub state_dir: PathBuf,
+}
+
+impl Resolved {
+    /// The config (required) rendered against its state directory (or `state_dir`).
+    pub fn load(cli: &Cli) -> Result<Resolved> {
+        let config = load(cli)?;
+        let state_dir = cli.state_dir(Some(&config));
+        Self::render(cli, Some(config), state_dir)
+    }
+
+    /// Like [`Resolved::load`] for commands that also work from the state directory alone
+    /// (`status`, `down`): no config when no file was named, `berth.toml` is absent and no
+    /// `--ir` is given; a named file must exist, and a config with errors is refused.
+    pub fn load_optional(cli: &Cli) -> Result<Resolved> {
+        let path = cli.config_path();
+        if cli.file.is_none() && !path.exists() && cli.ir.is_empty() {
+            tracing::debug!("no config at {}", path.display());
+            let state_dir = cli.state_dir(None);
+            return Self::render(cli, None, state_dir);
+        }
+        Self::load(cli)
+    }
+
+    /// Renders against `state_dir` (a scratch directory for `validate`).
+    pub fn render(cli: &Cli, config: Option<Config>, state_dir: PathBuf) -> Result<Resolved> {
+        let targets = match &config {
+            Some(c) => {
+                target::targets(&c.infra, &cli.renderer()?, &state_dir, target::host_cpus())?
+            }
+            None => Vec::new(),
+        };
+        Ok(Resolved {
+            config,
+            targets,
+            state_dir,
+        })
+    }
+
+    pub fn names(&self) -> BTreeSet<String> {
+        self.targets.iter().map(|t| t.name().to_string()).collect()
+    }
+
+    pub fn tune_host(&self) -> bool {
+        self.config.as_ref().is_none_or(|c| c.tune_host)
+    }
+
+    /// The targets named (all when `proxy` is None); an unknown name is an error listing the
+    /// known ones.
+    pub fn selected(&self, proxy: Option<&str>) -> Result<Vec<&Target>> {
+        match proxy {
+            None => Ok(self.targets.iter().collect()),
+            Some(name) => {
+                let found: Vec<&Target> =
+                    self.targets.iter().filter(|t| t.name() == name).collect();
+                if found.is_empty() {
+                    let known: Vec<&str> = self.targets.iter().map(|t| t.name()).collect();
+                    bail!(
+                        "no proxy named {name:?} in the config; it has: {}",
+                        known.join(", ")
+                    );
+                }
+                Ok(found)
+            }
+        }
+    }
+
+    /// The operations over this host's engine, for this state directory. `create` makes the
+    /// state directory when missing (commands that change things); otherwise it is only read.
+    pub async fn operations(&self, cli: &Cli, create: bool) -> Result<Operations> {
+        let state = if create {
+            StateDir::open(&self.state_dir)?
+        } else {
+            StateDir::at(&self.state_dir)
+        };
+        let engine = DockerEngine::connect().await?;
+        Ok(Operations::new(Arc::new(DockerHost::new(
+            Arc::new(engine),
+            Arc::new(SocketConnector),
+            state,
+            cli.container_labels(),
+        ))))
+    }
+}
+
+/// The config and the proxies of `--ir` files. With `--ir`, the config file is optional (none
+/// named and `berth.toml` absent: an empty config).
+pub(super) fn load(cli: &Cli) -> Result<Config> {
+    let path = cli.config_path();
+    let config = if !cli.ir.is_empty() && cli.file.is_none() && !path.exists() {
+        Config::empty(&path)
+    } else {
+        file::load(&path)?
+    };
+    let config = with_ir(cli, config)?;
+    for note in &config.notes {
+        if !cli.quiet {
+            eprintln!("note: {note}");
+        }
+    }
+    Ok(config)
+}
+
+/// The xDS defaults for IR proxies: `[envoy_gateway]` overridden by the `--xds-*` flags.
+fn xds_defaults(cli: &Cli, config: &Config) -> Result<crate::source::eg::XdsDefaults> {
+    let from_config = config.envoy_gateway.as_ref().map(|g| g.xds.clone());
+    let missing = |flag: &str, key: &str| {
+        BadInput(format!(
+            "--ir needs Envoy Gateway's xDS settings: give {flag} or set {key} in [envoy_gateway] of the config"
+        ))
+    };
+    let address = match (&cli.xds_address, &from_config) {
+        (Some(a), _) => {
+            file::check_host(a).map_err(|m| BadInput(format!("--xds-address: {m}")))?;
+            a.clone()
+        }
+        (None, Some(x)) => x.address.clone(),
+        (None, None) => return Err(missing("--xds-address", "xds_address").into()),
+    };
+    let port = match (cli.xds_port, &from_config) {
+        (Some(0), _) => return Err(BadInput("--xds-port: must be 1–65535".into()).into()),
+        (Some(p), _) => p,
+        (None, Some(x)) => x.port,
+        (None, None) => crate::source::eg::DEFAULT_XDS_PORT,
+    };
+    let pem = |flag: &str,
+               key: &str,
+               given: &Option<PathBuf>,
+               configured: Option<PathBuf>,
+               kind: &str| {
+        let path = match (given, configured) {
+            (Some(p), _) => std::path::absolute(p).unwrap_or_else(|_| p.clone()),
+            (None, Some(p)) => return Ok(p),
+            (None, None) => return Err(missing(flag, key)),
+        };
+        file::check_pem(&path, kind).map_err(|m| BadInput(format!("{flag}: {m}")))?;
+        Ok(path)
+    };
+    let configured = |f: fn(&crate::source::eg::XdsDefaults) -> &PathBuf| {
+        from_config.as_ref().map(|x| f(x).clone())
+    };
+    Ok(crate::source::eg::XdsDefaults {
+        address,
+        port,
+        ca_file: pem(
+            "--xds-ca",
+            "ca_file",
+            &cli.xds_ca,
+            configured(|x| &x.ca_file),
+            "CERTIFICATE",
+        )?,
+        cert_file: pem(
+            "--xds-cert",
+            "cert_file",
+            &cli.xds_cert,
+            configured(|x| &x.cert_file),
+            "CERTIFICATE",
+        )?,
+        key_file: pem(
+            "--xds-key",
+            "key_file",
+            &cli.xds_key,
+            configured(|x| &x.key_file),
+            "PRIVATE KEY",
+        )?,
+    })
+}
+
+/// Adds the proxies of the `--ir` files to the config's: names and host ports must not clash.
+fn with_ir(cli: &Cli, mut config: Config) -> Result<Config> {
+    if cli.ir.is_empty() {
+        return Ok(config);
+    }
+    let xds = xds_defaults(cli, &config)?;
+    let mut ports: BTreeMap<u16, String> = BTreeMap::new();
+    for p in &config.infra.proxies {
+        for port in p.host_ports() {
+            ports.insert(port, format!("proxy {}", p.name));
+        }
+    }
+    for path in &cli.ir {
+        let shown = path.display();
+        let text = file::read_ir_file(path)
+            .map_err(|m| BadInput(format!("--ir {shown}: cannot read: {m}")))?;
+        let proxies = crate::source::eg::parse_ir(&text, &xds)
+            .map_err(|e| BadInput(format!("--ir {shown}: {e}")))?;
+        for p in proxies {
+            if p.is_empty() {
+                config.notes.push(format!(
+                    "{shown}: Envoy Gateway proxy {:?} has no listeners; skipped (as Envoy Gateway does)",
+                    p.eg_name
+                ));
+                continue;
+            }
+            let name = &p.proxy.name;
+            if config.infra.proxy(name).is_some() {
+                return Err(BadInput(format!(
+                    "--ir {shown}: Envoy Gateway proxy {:?} becomes berth proxy {name:?}, which the config (or an earlier --ir) already has; proxy names must be unique",
+                    p.eg_name
+                ))
+                .into());
+            }
+            let mut own = p.proxy.host_ports();
+            own.sort_unstable();
+            own.dedup();
+            for port in own {
+                if let Some(by) = ports.get(&port) {
+                    return Err(BadInput(format!(
+                        "--ir {shown}: Envoy Gateway proxy {:?} listens on port {port}, already used by {by}; each listener on the host needs its own port",
+                        p.eg_name
+                    ))
+                    .into());
+                }
+                ports.insert(port, format!("proxy {name}"));
+            }
+            config.infra.proxies.push(p.proxy);
+        }
+    }
+    Ok(config)
+}

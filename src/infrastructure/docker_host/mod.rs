@@ -1,0 +1,302 @@
+//! The single Docker host: berth rolls each proxy's replicas itself, as containers on one
+//! engine (DESIGN decisions 1–9), through the [`ContainerEngine`] seam.
+//!
+//! One converge: observe the proxy's containers (one list by label, one inspect each), probe
+//! the running ones ([`crate::readiness`]), plan ([`crate::plan::plan_with`]: every decision is
+//! the planner's), make the image present and validate a spec no replica has proven, write
+//! the bootstrap generation, deliver the watched files live ([`crate::delivery`]), then execute
+//! the actions one replica at a time, start-first and health-gated, with rollback.
+//!
+//! Files: `execute` (the actions), `gate` (a new replica and its readiness gate), `retire`
+//! (the drain sequence), `files` (validation and the files replicas read), `observe`
+//! (containers, probes, status rows).
+
+mod execute;
+mod files;
+mod gate;
+mod observe;
+mod prepare;
+mod retire;
+
+pub use gate::{Gate, GateFailure};
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+
+use super::{
+    Changed, Changes, ConvergeError, ConvergeRequest, Converged, Delivery, Infrastructure,
+};
+use crate::admin::AdminConnector;
+use crate::engine::{ContainerEngine, LabelFilter};
+use crate::plan::{self, Action, Plan};
+use crate::progress::{Event, Reporter};
+use crate::replica::{LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE};
+use crate::state::StateDir;
+use crate::status::ReplicaStatus;
+use crate::target::Target;
+
+/// Time Envoy gets to exit after SIGTERM when it could not be drained.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// berth's replicas on one container engine.
+pub struct DockerHost {
+    pub(crate) engine: Arc<dyn ContainerEngine>,
+    pub(crate) admins: Arc<dyn AdminConnector>,
+    pub(crate) state: StateDir,
+    /// Labels put on every container berth creates here and required of every container it
+    /// touches (the test suite's `io.berth.test`; serves with different labels on one host
+    /// leave each other alone).
+    pub(crate) extra_labels: BTreeMap<String, String>,
+}
+
+const _: fn() = || {
+    fn is_infrastructure<T: Infrastructure>() {}
+    is_infrastructure::<DockerHost>();
+};
+
+impl DockerHost {
+    pub fn new(
+        engine: Arc<dyn ContainerEngine>,
+        admins: Arc<dyn AdminConnector>,
+        state: StateDir,
+        extra_labels: BTreeMap<String, String>,
+    ) -> DockerHost {
+        DockerHost {
+            engine,
+            admins,
+            state,
+            extra_labels,
+        }
+    }
+
+    pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
+        &self.engine
+    }
+
+    pub fn state(&self) -> &StateDir {
+        &self.state
+    }
+
+    /// The filter every observation starts from: berth's containers.
+    fn managed() -> LabelFilter {
+        LabelFilter::default().with(LABEL_MANAGED_BY, Some(MANAGED_BY_VALUE))
+    }
+
+    fn of_proxy(proxy: &str) -> LabelFilter {
+        Self::managed().with(LABEL_PROXY, Some(proxy))
+    }
+}
+
+#[async_trait]
+impl Infrastructure for DockerHost {
+    fn describe(&self) -> String {
+        format!("Docker host ({})", self.engine.describe())
+    }
+
+    fn api_calls(&self) -> u64 {
+        self.engine.api_calls()
+    }
+
+    async fn ping(&self) -> bool {
+        self.engine.ping().await
+    }
+
+    async fn prepare(
+        &self,
+        fleet: &[Target],
+        policy: crate::operations::HostPolicy,
+    ) -> Result<crate::infrastructure::HostPreparation, ConvergeError> {
+        self.prepare_host(fleet, policy).await
+    }
+
+    async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError> {
+        let mut names: BTreeSet<String> = self.state.proxies()?.into_iter().collect();
+        names.extend(
+            self.observe(&Self::managed())
+                .await?
+                .iter()
+                .filter_map(|c| c.proxy().map(str::to_string)),
+        );
+        Ok(names)
+    }
+
+    async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError> {
+        let mut observed = Vec::new();
+        let mut facts = plan::Facts::new();
+        for t in targets {
+            let mine = self.observe(&Self::of_proxy(t.name())).await?;
+            facts.insert(
+                t.name().to_string(),
+                self.facts(&t.desired, &mine).await.planner,
+            );
+            observed.extend(mine);
+        }
+        let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
+        for gone in self.owned().await? {
+            if !wanted.contains(gone.as_str()) {
+                observed.extend(self.observe(&Self::of_proxy(&gone)).await?);
+            }
+        }
+        let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
+        Ok(plan::plan_with(&desired, &observed, &facts))
+    }
+
+    async fn validate(&self, target: &Target, reporter: &Reporter) -> Result<(), ConvergeError> {
+        self.engine
+            .ensure_image(&target.desired.spec.image, reporter.shows_progress())
+            .await?;
+        let never = tokio_util::sync::CancellationToken::new();
+        self.run(reporter, &never).validate_target(target).await
+    }
+
+    async fn converge(&self, req: ConvergeRequest<'_>) -> Result<Converged, ConvergeError> {
+        let target = req.target;
+        let name = target.name();
+        let desired = &target.desired;
+        self.state.ensure_proxy(name)?;
+        let observed = self.observe(&Self::of_proxy(name)).await?;
+        let facts = self.facts(desired, &observed).await;
+        let fresh = !facts.any_ready;
+        let plan = plan::plan_with(
+            std::slice::from_ref(desired),
+            &observed,
+            &plan::Facts::from([(name.to_string(), facts.planner)]),
+        );
+        let actions: Vec<&Action> = plan.for_proxy(name).collect();
+        for note in &plan.notes {
+            req.reporter
+                .event(Event::new(name, "note").message(note.to_string()));
+        }
+        let run = self.run(req.reporter, &req.cancel);
+        let prepare = plan::prepare(desired, &observed, &actions);
+        let image_id = if prepare.image {
+            req.reporter
+                .waiting(format!("{name}: image {}", desired.spec.image));
+            let id = self
+                .engine
+                .ensure_image(&desired.spec.image, req.reporter.shows_progress())
+                .await?;
+            crate::crashpoint::reached("after-pull");
+            id
+        } else {
+            String::new()
+        };
+        if prepare.validate {
+            run.validate_target(target).await?;
+            crate::crashpoint::reached("after-validate");
+        } else {
+            run.copy_tls(target)?;
+        }
+        run.write_generation(target)?;
+        let delivery = if req.hold_files {
+            Delivery::Held
+        } else {
+            run.deliver(target, &observed, req.generation, req.confirm_timeout)
+                .await?
+        };
+        let done = run
+            .execute(target, &actions, &observed, &image_id, fresh)
+            .await?;
+        if !actions.is_empty() {
+            run.prune(target).await?;
+        }
+        let readiness = self.readiness(desired).await?;
+        Ok(Converged {
+            delivery,
+            actions: done,
+            readiness,
+        })
+    }
+
+    async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError> {
+        let mine = self.observe(&Self::of_proxy(proxy)).await?;
+        let never = tokio_util::sync::CancellationToken::new();
+        let run = self.run(reporter, &never);
+        // The whole proxy goes away: drain its replicas at once, not one after the other.
+        let results = futures_util::future::join_all(mine.iter().map(|c| {
+            let (run, mine) = (&run, &mine);
+            async move {
+                let (shutdown, policy) = run.drain_settings(proxy, c);
+                run.retire(proxy, &plan::ContainerRef::of(c), mine, &shutdown, &policy)
+                    .await
+            }
+        }))
+        .await;
+        let removed = results.iter().filter(|r| r.is_ok()).count();
+        if let Some(err) = results.into_iter().find_map(Result::err) {
+            return Err(err);
+        }
+        self.state.remove_proxy(proxy)?;
+        Ok(removed)
+    }
+
+    async fn status(
+        &self,
+        proxies: &BTreeSet<String>,
+    ) -> Result<Vec<ReplicaStatus>, ConvergeError> {
+        let mut observed = Vec::new();
+        for p in proxies {
+            observed.extend(self.observe(&Self::of_proxy(p)).await?);
+        }
+        Ok(self.rows(&observed).await)
+    }
+
+    async fn envoy_metrics(&self, proxies: &BTreeSet<String>) -> Vec<(String, String, String)> {
+        let mut running = Vec::new();
+        for p in proxies {
+            if let Ok(mine) = self.observe(&Self::of_proxy(p)).await {
+                running.extend(
+                    mine.into_iter()
+                        .filter(|c| c.state == crate::engine::RunState::Running),
+                );
+            }
+        }
+        let mut scraped: Vec<(String, String, String)> =
+            futures_util::stream::iter(running.into_iter().map(|c| async move {
+                let proxy = c.proxy().unwrap_or_default().to_string();
+                let run = c.recorded_name().unwrap_or(&c.name).to_string();
+                let admin = self.admin(&proxy, &run, crate::readiness::STATUS_TIMEOUT);
+                match admin.get("/stats/prometheus?usedonly").await {
+                    Ok((200, body)) => Some((proxy, c.name.clone(), body)),
+                    _ => None,
+                }
+            }))
+            .buffer_unordered(8)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await;
+        scraped.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
+        scraped
+    }
+
+    fn changes(&self) -> Changes {
+        let state_dir = self.state.root().to_path_buf();
+        let extra = self.extra_labels.clone();
+        self.engine
+            .events(&Self::managed())
+            .filter_map(move |e| {
+                let changed = match e {
+                    Err(e) => Some(Err(e)),
+                    Ok(e) => {
+                        let mine = e
+                            .labels
+                            .get(crate::replica::LABEL_STATE_DIR)
+                            .is_none_or(|d| std::path::Path::new(d) == state_dir)
+                            && extra.iter().all(|(k, v)| e.labels.get(k) == Some(v));
+                        e.labels.get(LABEL_PROXY).filter(|_| mine).map(|p| {
+                            Ok(Changed {
+                                proxy: p.clone(),
+                                what: e.action.clone(),
+                            })
+                        })
+                    }
+                };
+                async move { changed }
+            })
+            .boxed()
+    }
+}

@@ -1,0 +1,232 @@
+//! What runs: this berth's containers, the one readiness probe on each running replica, and
+//! the status rows built from both.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::DockerHost;
+use crate::admin::AdminApi;
+use crate::delivery;
+use crate::engine::{LabelFilter, ObservedContainer, RunState};
+use crate::infrastructure::{ConvergeError, ProxyReadiness};
+use crate::plan::ProxyFacts;
+use crate::readiness::{self, Expect, NotReady, Readiness};
+use crate::replica::{self, DesiredProxy, LABEL_NAME};
+use crate::status::ReplicaStatus;
+
+/// What a converge learns before planning.
+pub(super) struct Observation {
+    pub planner: ProxyFacts,
+    /// Some replica of the proxy (any spec) is ready: it serves now.
+    pub any_ready: bool,
+}
+
+impl DockerHost {
+    /// This berth's containers matching `filter`: made with this state directory (containers
+    /// from before that label count as everyone's) and carrying every extra label.
+    pub(crate) async fn observe(
+        &self,
+        filter: &LabelFilter,
+    ) -> Result<Vec<ObservedContainer>, ConvergeError> {
+        let mut found = self.engine.observe(filter).await?;
+        found.retain(|c| {
+            c.is_managed()
+                && c.belongs_to(self.state.root())
+                && self
+                    .extra_labels
+                    .iter()
+                    .all(|(k, v)| c.label(k) == Some(v.as_str()))
+        });
+        Ok(found)
+    }
+
+    /// The admin API of a replica, by the name its run directory was made under.
+    pub(super) fn admin(
+        &self,
+        proxy: &str,
+        run_name: &str,
+        timeout: Duration,
+    ) -> Arc<dyn AdminApi> {
+        self.admins
+            .connect(&self.state.proxy(proxy).admin_socket(run_name), timeout)
+    }
+
+    fn admin_of(&self, c: &ObservedContainer) -> Arc<dyn AdminApi> {
+        let proxy = c.proxy().unwrap_or_default();
+        let run = c.label(LABEL_NAME).unwrap_or(&c.name);
+        self.admin(proxy, run, readiness::STATUS_TIMEOUT)
+    }
+
+    /// Probes every running container; the others are not ready by definition.
+    async fn probe_all(
+        &self,
+        observed: &[ObservedContainer],
+        expect_of: impl Fn(&ObservedContainer) -> Expect,
+    ) -> BTreeMap<String, Readiness> {
+        let probes = observed
+            .iter()
+            .filter(|c| c.state == RunState::Running)
+            .map(|c| {
+                let admin = self.admin_of(c);
+                let expect = expect_of(c);
+                async move {
+                    (
+                        c.id.clone(),
+                        readiness::probe(admin.as_ref(), &expect).await,
+                    )
+                }
+            });
+        futures_util::future::join_all(probes)
+            .await
+            .into_iter()
+            .collect()
+    }
+
+    /// Whether the desired bootstrap on disk was changed, which running replicas are LIVE but
+    /// not serving, and whether any replica serves now.
+    pub(super) async fn facts(
+        &self,
+        desired: &DesiredProxy,
+        observed: &[ObservedContainer],
+    ) -> Observation {
+        let proxy = desired.name();
+        let on_disk = self
+            .state
+            .read_generation(proxy, &desired.spec.bootstrap_sha256);
+        // Nothing on disk yet is not tampering: the converge writes it.
+        let bootstrap_tampered = on_disk.is_some_and(|text| {
+            replica::sha256_hex(text.as_bytes()) != desired.spec.bootstrap_sha256
+        });
+        let probes = self
+            .probe_all(observed, |c| self.expect_of(c, Some(desired)))
+            .await;
+        let not_serving = probes
+            .iter()
+            .filter_map(|(id, r)| match r {
+                Readiness::NotReady {
+                    reason: reason @ NotReady::ListenersNotBound { .. },
+                } => Some((id.clone(), reason.to_string())),
+                _ => None,
+            })
+            .collect();
+        Observation {
+            any_ready: probes.values().any(Readiness::is_ready),
+            planner: ProxyFacts {
+                bootstrap_tampered,
+                not_serving,
+            },
+        }
+    }
+
+    /// What a ready container must show: its own spec's ports (recorded with the spec), else
+    /// the desired ones.
+    fn expect_of(&self, c: &ObservedContainer, desired: Option<&DesiredProxy>) -> Expect {
+        let proxy = c.proxy().unwrap_or_default();
+        match (c.spec_hash(), desired) {
+            (Some(h), Some(d)) if h == d.hash => d.expect(),
+            (Some(h), _) => self
+                .state
+                .read_spec(proxy, h)
+                .map(|d| d.expect())
+                .or_else(|| desired.map(DesiredProxy::expect))
+                .unwrap_or_default(),
+            (None, _) => desired.map(DesiredProxy::expect).unwrap_or_default(),
+        }
+    }
+
+    /// The desired spec's replicas, probed.
+    pub(super) async fn readiness(
+        &self,
+        desired: &DesiredProxy,
+    ) -> Result<ProxyReadiness, ConvergeError> {
+        let mine: Vec<ObservedContainer> = self
+            .observe(&Self::of_proxy(desired.name()))
+            .await?
+            .into_iter()
+            .filter(|c| c.spec_hash() == Some(desired.hash.as_str()))
+            .collect();
+        let probes = self.probe_all(&mine, |_| desired.expect()).await;
+        let mut out = ProxyReadiness {
+            wanted: desired.replicas,
+            ..Default::default()
+        };
+        for c in &mine {
+            match probes.get(&c.id) {
+                Some(Readiness::Ready) => out.ready += 1,
+                Some(other) => out.not_ready.push((c.name.clone(), other.clone())),
+                None => out.not_ready.push((
+                    c.name.clone(),
+                    Readiness::NotReady {
+                        reason: NotReady::AdminUnreachable {
+                            detail: format!("the container is {}", c.state),
+                        },
+                    },
+                )),
+            }
+        }
+        Ok(out)
+    }
+
+    /// One status row per container, probed, with its observed generation.
+    pub(super) async fn rows(&self, observed: &[ObservedContainer]) -> Vec<ReplicaStatus> {
+        // The subscriptions each proxy's watched files define, read once per proxy.
+        let subscriptions: BTreeMap<&str, Vec<String>> = observed
+            .iter()
+            .filter_map(|c| c.proxy())
+            .map(|p| {
+                (
+                    p,
+                    delivery::subscriptions(&self.state.read_xds(p).unwrap_or_default()),
+                )
+            })
+            .collect();
+        let subscriptions = &subscriptions;
+        let rows = observed.iter().map(|c| async move {
+            let proxy = c.proxy().unwrap_or("?").to_string();
+            let admin = self.admin_of(c);
+            let expect = self.expect_of(c, None);
+            let (readiness, envoy, connections, observed_generation) =
+                if c.state == RunState::Running {
+                    let subs = subscriptions
+                        .get(proxy.as_str())
+                        .map_or(&[][..], Vec::as_slice);
+                    let (readiness, envoy, connections, generation) = tokio::join!(
+                        readiness::probe(admin.as_ref(), &expect),
+                        admin.ready(),
+                        admin.downstream_connections(),
+                        delivery::observed_generation(admin.as_ref(), subs),
+                    );
+                    (
+                        Some(readiness),
+                        envoy.map(|s| s.to_string()).unwrap_or_else(|_| "-".into()),
+                        connections.ok(),
+                        generation,
+                    )
+                } else {
+                    (None, "-".to_string(), None, None)
+                };
+            ReplicaStatus {
+                proxy,
+                slot: c.slot(),
+                container: c.name.clone(),
+                state: c.state,
+                ready: readiness.as_ref().is_some_and(Readiness::is_ready),
+                envoy,
+                reason: match readiness {
+                    Some(Readiness::NotReady { reason }) => Some(reason.to_string()),
+                    Some(Readiness::Ready) => None,
+                    None => Some(format!("the container is {}", c.state)),
+                },
+                image: c.info.image.clone(),
+                spec: replica::short_hash(c.spec_hash().unwrap_or("")).to_string(),
+                uptime_seconds: c.uptime_seconds(),
+                connections,
+                observed_generation,
+            }
+        });
+        let mut rows = futures_util::future::join_all(rows).await;
+        rows.sort_by(|a, b| (&a.proxy, a.slot).cmp(&(&b.proxy, b.slot)));
+        rows
+    }
+}

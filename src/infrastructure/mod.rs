@@ -1,0 +1,238 @@
+//! The infrastructure seam, as Envoy Gateway has it (`internal/infrastructure/manager.go`: one
+//! interface, an implementation per platform): converge a proxy, remove it, report its status.
+//! Nothing above this module knows whether a proxy's replicas are containers berth rolls on one
+//! Docker host ([`docker_host::DockerHost`]) or tasks of a Swarm service.
+//!
+//! Every implementation returns typed outcomes ([`Converged`]) and typed errors
+//! ([`ConvergeError`]); callers decide what to do about them (serve's error policy) without
+//! reading strings.
+
+pub mod docker_host;
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures_util::stream::BoxStream;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::delivery::LiveRejected;
+use crate::engine::EngineError;
+use crate::plan::{Plan, PlanSummary};
+use crate::progress::Reporter;
+use crate::readiness::Readiness;
+use crate::status::ReplicaStatus;
+use crate::target::Target;
+
+pub use docker_host::{Gate, GateFailure};
+
+/// One converge of one proxy.
+pub struct ConvergeRequest<'a> {
+    pub target: &'a Target,
+    /// The generation the watched files are stamped with (serve numbers them); None: the next
+    /// one after what is on disk.
+    pub generation: Option<u64>,
+    /// Keep the watched files on disk instead of delivering the target's (a generation the
+    /// replicas refused before, not retried until it changes).
+    pub hold_files: bool,
+    /// How long every replica gets to confirm new watched files.
+    pub confirm_timeout: Duration,
+    pub reporter: &'a Reporter,
+    /// Cancelled: stop between two steps (a step is one replica started and its predecessor
+    /// retired), so no proxy is left with fewer ready replicas.
+    pub cancel: CancellationToken,
+}
+
+/// What happened to the watched files (routes, clusters, listeners, secrets).
+#[derive(Debug, Clone, Serialize)]
+#[serde(tag = "result", rename_all = "kebab-case")]
+pub enum Delivery {
+    /// They were already what the target renders.
+    Unchanged,
+    /// Written with no running replica to confirm them (a fresh proxy).
+    Written { files: Vec<String> },
+    /// Every running replica confirmed them.
+    Confirmed {
+        files: Vec<String>,
+        replicas: usize,
+        #[serde(with = "humantime_serde")]
+        elapsed: Duration,
+    },
+    /// The previous files were kept, as asked ([`ConvergeRequest::hold_files`]).
+    Held,
+    /// Not every replica confirmed them; the previous files are back.
+    Failed(LiveRejected),
+}
+
+impl Delivery {
+    pub fn failed(&self) -> Option<&LiveRejected> {
+        match self {
+            Delivery::Failed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Whether new files reached the replicas.
+    pub fn changed(&self) -> bool {
+        matches!(self, Delivery::Written { .. } | Delivery::Confirmed { .. })
+    }
+}
+
+/// How ready a proxy's replicas of the desired spec are, by the one probe.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ProxyReadiness {
+    pub wanted: u32,
+    pub ready: u32,
+    /// Replicas of the desired spec that are not ready, with why.
+    pub not_ready: Vec<(String, Readiness)>,
+}
+
+impl ProxyReadiness {
+    pub fn all_ready(&self) -> bool {
+        self.ready >= self.wanted
+    }
+}
+
+impl fmt::Display for ProxyReadiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{} replicas ready", self.ready, self.wanted)?;
+        for (name, r) in &self.not_ready {
+            write!(f, "; {name}: {r}")?;
+        }
+        Ok(())
+    }
+}
+
+/// A converge that finished.
+#[derive(Debug, Clone, Serialize)]
+pub struct Converged {
+    pub delivery: Delivery,
+    /// What was done to replicas.
+    pub actions: PlanSummary,
+    pub readiness: ProxyReadiness,
+}
+
+/// Why a converge (or a removal, or a validation) did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum ConvergeError {
+    /// The engine failed or refused a request (it says so, and quotes itself).
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+    /// `envoy --mode validate` refused the new bootstrap: nothing was changed.
+    #[error(
+        "envoy --mode validate rejected the new config of proxy {proxy} (image {image}); no replica was changed:\n{why}"
+    )]
+    Rejected {
+        proxy: String,
+        image: String,
+        /// The lines of Envoy's output that say why.
+        why: String,
+    },
+    /// A new replica did not become ready; the old ones keep serving.
+    #[error(transparent)]
+    Gate(#[from] GateFailure),
+    /// The state directory could not be read or written.
+    #[error("state directory: {0:#}")]
+    State(anyhow::Error),
+    /// Stopped between two steps.
+    #[error("rollout of {proxy} stopped between two steps (cancelled); the next run completes it")]
+    Cancelled { proxy: String },
+    /// The host cannot hold what the fleet needs (a port taken, a setting berth may not change,
+    /// too little memory); nothing was changed. The message has the numbers and the fix.
+    #[error("{problem}")]
+    Host { problem: String },
+}
+
+impl ConvergeError {
+    /// Worth trying again soon without a change of input: the engine was away or busy, the
+    /// state directory had a passing I/O problem, the run was cancelled. A rejected config, a
+    /// failed gate or an engine refusal of the request itself fail the same way again.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ConvergeError::Engine(e) => e.is_transient(),
+            ConvergeError::State(_) | ConvergeError::Cancelled { .. } => true,
+            ConvergeError::Rejected { .. }
+            | ConvergeError::Gate(_)
+            | ConvergeError::Host { .. } => false,
+        }
+    }
+}
+
+impl From<anyhow::Error> for ConvergeError {
+    fn from(e: anyhow::Error) -> Self {
+        ConvergeError::State(e)
+    }
+}
+
+/// What preparing the host did and could not do.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct HostPreparation {
+    /// What was changed or checked, worth a line ("net.ipv4.ip_unprivileged_port_start
+    /// lowered from 1024 to 80").
+    pub notes: Vec<String>,
+    /// What the host lacks that berth could not fix, and what is lost because of it, with the
+    /// command that fixes it: serve reports each as a Degraded condition.
+    pub degraded: Vec<String>,
+}
+
+/// A change on the infrastructure someone else made (a container died, was removed, was
+/// updated): the proxy it belongs to should be looked at.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Changed {
+    pub proxy: String,
+    /// What happened ("die", "destroy", …).
+    pub what: String,
+}
+
+/// A stream of [`Changed`]; it ends or fails when the infrastructure goes away.
+pub type Changes = BoxStream<'static, Result<Changed, EngineError>>;
+
+/// The infrastructure seam.
+#[async_trait]
+pub trait Infrastructure: Send + Sync {
+    /// What this is, for messages ("Docker host (Docker Engine 20.10.24 at unix://…)").
+    fn describe(&self) -> String;
+
+    /// Requests made to the engine so far (for benchmarks).
+    fn api_calls(&self) -> u64;
+
+    /// Whether the engine answers.
+    async fn ping(&self) -> bool;
+
+    /// Brings the host to what the whole `fleet` needs before any replica starts, or refuses
+    /// ([`ConvergeError::Host`]) what it cannot hold.
+    async fn prepare(
+        &self,
+        fleet: &[Target],
+        policy: crate::operations::HostPolicy,
+    ) -> Result<HostPreparation, ConvergeError>;
+
+    /// Every proxy this berth has something of: replicas, or state.
+    async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError>;
+
+    /// What converging `targets` would do, and the removal of owned proxies not among them.
+    async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError>;
+
+    /// Runs the real Envoy's config check on the target (no replica is touched).
+    async fn validate(&self, target: &Target, reporter: &Reporter) -> Result<(), ConvergeError>;
+
+    /// Brings one proxy to its target: its watched files delivered, its replicas created,
+    /// replaced (health-gated, with rollback) or removed.
+    async fn converge(&self, request: ConvergeRequest<'_>) -> Result<Converged, ConvergeError>;
+
+    /// Drains and removes every replica of a proxy (each with the drain settings of the spec
+    /// it runs) and its state. Returns how many replicas went.
+    async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError>;
+
+    /// One row per replica of the named proxies.
+    async fn status(&self, proxies: &BTreeSet<String>)
+        -> Result<Vec<ReplicaStatus>, ConvergeError>;
+
+    /// Each running replica's Envoy stats in Prometheus text: (proxy, replica, body).
+    async fn envoy_metrics(&self, proxies: &BTreeSet<String>) -> Vec<(String, String, String)>;
+
+    /// Changes to this berth's replicas made by others, from now on.
+    fn changes(&self) -> Changes;
+}

@@ -1,0 +1,149 @@
+//! The one place a use case is orchestrated. `up`, `down`, `validate`, `diff`, `status`, serve's
+//! reconciler and Envoy Gateway's remote provider all call these; none re-implements a step.
+//! Whatever `up` guarantees (the host prepared before any replica starts, validation, drain
+//! with each proxy's own settings, readiness by the one probe), `serve` guarantees.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::infrastructure::{
+    ConvergeError, ConvergeRequest, Converged, HostPreparation, Infrastructure,
+};
+use crate::plan::Plan;
+use crate::progress::Reporter;
+use crate::status::ReplicaStatus;
+use crate::target::Target;
+
+/// How an entry point wants the host treated.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostPolicy {
+    /// `tune_host`: berth may change host settings (as root).
+    pub tune: bool,
+    /// Start even when the fleet's memory limits exceed the host's memory.
+    pub force_memory: bool,
+}
+
+impl Default for HostPolicy {
+    fn default() -> Self {
+        HostPolicy {
+            tune: true,
+            force_memory: false,
+        }
+    }
+}
+
+/// What `up` did.
+#[derive(Debug, Default)]
+pub struct UpReport {
+    pub host: HostPreparation,
+    pub converged: Vec<(String, Converged)>,
+    /// Proxies no longer wanted that were removed, with their replica counts.
+    pub removed: Vec<(String, usize)>,
+}
+
+/// The operations, over one infrastructure.
+#[derive(Clone)]
+pub struct Operations {
+    pub infra: Arc<dyn Infrastructure>,
+}
+
+impl Operations {
+    pub fn new(infra: Arc<dyn Infrastructure>) -> Operations {
+        Operations { infra }
+    }
+
+    /// Brings the host to what the whole fleet needs before any replica starts (sysctls,
+    /// limits), and refuses, with numbers and the fix, what it cannot hold. Every entry point
+    /// that can start or replace a replica calls this first.
+    pub async fn prepare_host(
+        &self,
+        fleet: &[Target],
+        policy: HostPolicy,
+    ) -> Result<HostPreparation, ConvergeError> {
+        self.infra.prepare(fleet, policy).await
+    }
+
+    /// Converges one proxy (the host is prepared by the caller, once for the fleet).
+    pub async fn converge(&self, request: ConvergeRequest<'_>) -> Result<Converged, ConvergeError> {
+        self.infra.converge(request).await
+    }
+
+    /// `up`: prepare the host, converge every target in turn (the first failure stops), then
+    /// drain and remove the proxies this berth owns that are no longer wanted.
+    pub async fn up(
+        &self,
+        targets: &[Target],
+        policy: HostPolicy,
+        confirm_timeout: Duration,
+        reporter: &Reporter,
+    ) -> Result<UpReport, ConvergeError> {
+        let mut report = UpReport {
+            host: self.prepare_host(targets, policy).await?,
+            ..Default::default()
+        };
+        for note in &report.host.notes {
+            reporter.event(crate::progress::Event::new("berth", "host").message(note));
+        }
+        for target in targets {
+            let converged = self
+                .converge(ConvergeRequest {
+                    target,
+                    generation: None,
+                    hold_files: false,
+                    confirm_timeout,
+                    reporter,
+                    cancel: CancellationToken::new(),
+                })
+                .await?;
+            report
+                .converged
+                .push((target.name().to_string(), converged));
+        }
+        let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
+        for gone in self.infra.owned().await? {
+            if !wanted.contains(gone.as_str()) {
+                let n = self.remove(&gone, reporter).await?;
+                report.removed.push((gone, n));
+            }
+        }
+        Ok(report)
+    }
+
+    /// Drains and removes one proxy, each replica with the drain settings of the spec it runs.
+    pub async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError> {
+        self.infra.remove(proxy, reporter).await
+    }
+
+    /// The proxies this berth owns (replicas or state).
+    pub async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError> {
+        self.infra.owned().await
+    }
+
+    /// Runs the real Envoy's check on every target; nothing is changed.
+    pub async fn validate(
+        &self,
+        targets: &[Target],
+        reporter: &Reporter,
+    ) -> Result<(), ConvergeError> {
+        for t in targets {
+            self.infra.validate(t, reporter).await?;
+        }
+        Ok(())
+    }
+
+    /// What `up` would do.
+    pub async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError> {
+        self.infra.diff(targets).await
+    }
+
+    /// One row per replica of `proxies`.
+    pub async fn status(
+        &self,
+        proxies: &BTreeSet<String>,
+    ) -> Result<Vec<ReplicaStatus>, ConvergeError> {
+        self.infra.status(proxies).await
+    }
+}

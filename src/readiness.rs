@@ -1,0 +1,237 @@
+//! The one readiness probe (DESIGN decision 11): a replica is ready only when its Envoy is LIVE
+//! **and** every listener port its proxy declares is bound. LIVE alone means "initialised",
+//! not "serving": a listener Envoy could not bind (a port below
+//! `ip_unprivileged_port_start` after a reboot, a port taken) is only a rejected LDS update in
+//! its log, and in xDS mode an Envoy whose xDS server never answered turns LIVE after its
+//! initial fetch timeout with no listener at all.
+//!
+//! The rollout gate, serve's Ready condition, `/status`, `berth status` and the metrics all
+//! call [`probe`]; none has a readiness notion of its own.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::admin::{AdminApi, ReadyState};
+
+/// How long one probe's admin calls may take on a status path (the gate polls with its own).
+pub const STATUS_TIMEOUT: Duration = Duration::from_millis(1000);
+
+/// What a ready replica of a proxy must show.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Expect {
+    /// Every listener port the proxy declares (standalone: berth's listeners; xDS mode: the
+    /// ports of the IR's listeners, which Envoy Gateway pushes).
+    pub ports: Vec<u16>,
+}
+
+/// The verdict of one probe.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "ready", rename_all = "kebab-case")]
+pub enum Readiness {
+    /// LIVE and every declared port bound.
+    Ready,
+    /// Anything else, with the reason.
+    NotReady { reason: NotReady },
+}
+
+/// Why a replica is not ready.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum NotReady {
+    /// The admin socket does not answer (not started yet, gone, or hung).
+    AdminUnreachable { detail: String },
+    /// Envoy is still initialising (PRE_INITIALIZING, INITIALIZING).
+    Starting { state: String },
+    /// Envoy is draining (failing health checks on purpose).
+    Draining,
+    /// LIVE, but some declared listener ports are not bound.
+    ListenersNotBound { missing: Vec<u16> },
+}
+
+impl Readiness {
+    pub fn is_ready(&self) -> bool {
+        matches!(self, Readiness::Ready)
+    }
+
+    /// Short, for tables: "ready", "starting", "not-serving", "draining", "-".
+    pub fn short(&self) -> &'static str {
+        match self {
+            Readiness::Ready => "ready",
+            Readiness::NotReady { reason } => match reason {
+                NotReady::AdminUnreachable { .. } => "-",
+                NotReady::Starting { .. } => "starting",
+                NotReady::Draining => "draining",
+                NotReady::ListenersNotBound { .. } => "not-serving",
+            },
+        }
+    }
+}
+
+impl fmt::Display for NotReady {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            NotReady::AdminUnreachable { detail } => {
+                write!(f, "its admin socket does not answer ({detail})")
+            }
+            NotReady::Starting { state } => write!(f, "Envoy is {state}"),
+            NotReady::Draining => f.write_str("Envoy is draining"),
+            NotReady::ListenersNotBound { missing } => {
+                let ports: Vec<String> = missing.iter().map(u16::to_string).collect();
+                write!(
+                    f,
+                    "Envoy is LIVE but not listening on port(s) {} (it could not bind them, or its \
+                     xDS server sent no listener for them); its log says why",
+                    ports.join(", ")
+                )
+            }
+        }
+    }
+}
+
+impl fmt::Display for Readiness {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Readiness::Ready => f.write_str("ready"),
+            Readiness::NotReady { reason } => write!(f, "not ready: {reason}"),
+        }
+    }
+}
+
+/// Probes one replica: `/ready`, then, when LIVE and ports are expected, `/listeners`.
+pub async fn probe(admin: &dyn AdminApi, expect: &Expect) -> Readiness {
+    let not = |reason| Readiness::NotReady { reason };
+    match admin.ready().await {
+        Err(e) => not(NotReady::AdminUnreachable {
+            detail: format!("{e:#}"),
+        }),
+        Ok(ReadyState::Live) => {
+            if expect.ports.is_empty() {
+                return Readiness::Ready;
+            }
+            match admin.listeners().await {
+                Err(e) => not(NotReady::AdminUnreachable {
+                    detail: format!("{e:#}"),
+                }),
+                Ok(bound) => {
+                    let missing: Vec<u16> = expect
+                        .ports
+                        .iter()
+                        .copied()
+                        .filter(|p| !bound.iter().any(|l| l.port == *p))
+                        .collect();
+                    if missing.is_empty() {
+                        Readiness::Ready
+                    } else {
+                        not(NotReady::ListenersNotBound { missing })
+                    }
+                }
+            }
+        }
+        Ok(ReadyState::Draining) => not(NotReady::Draining),
+        Ok(other) => not(NotReady::Starting {
+            state: other.to_string(),
+        }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::admin::BoundListener;
+    use anyhow::{anyhow, Result};
+
+    struct Scripted {
+        ready: Option<ReadyState>,
+        ports: Vec<u16>,
+    }
+
+    #[async_trait::async_trait]
+    impl AdminApi for Scripted {
+        fn location(&self) -> String {
+            "scripted".into()
+        }
+        async fn ready(&self) -> Result<ReadyState> {
+            self.ready.clone().ok_or_else(|| anyhow!("no such socket"))
+        }
+        async fn listeners(&self) -> Result<Vec<BoundListener>> {
+            Ok(self
+                .ports
+                .iter()
+                .map(|p| BoundListener {
+                    name: format!("l{p}"),
+                    port: *p,
+                })
+                .collect())
+        }
+        async fn downstream_connections(&self) -> Result<u64> {
+            Ok(0)
+        }
+        async fn healthcheck_fail(&self) -> Result<()> {
+            Ok(())
+        }
+        async fn drain_listeners(&self, _: bool) -> Result<()> {
+            Ok(())
+        }
+        async fn get(&self, _: &str) -> Result<(u16, String)> {
+            Ok((404, String::new()))
+        }
+    }
+
+    fn expect(ports: &[u16]) -> Expect {
+        Expect {
+            ports: ports.to_vec(),
+        }
+    }
+
+    #[tokio::test]
+    async fn live_with_every_port_bound_is_ready() {
+        let a = Scripted {
+            ready: Some(ReadyState::Live),
+            ports: vec![80, 443],
+        };
+        assert_eq!(probe(&a, &expect(&[80, 443])).await, Readiness::Ready);
+        assert_eq!(probe(&a, &expect(&[])).await, Readiness::Ready);
+    }
+
+    #[tokio::test]
+    async fn live_with_a_port_missing_is_not() {
+        let a = Scripted {
+            ready: Some(ReadyState::Live),
+            ports: vec![443],
+        };
+        let r = probe(&a, &expect(&[80, 443])).await;
+        assert_eq!(
+            r,
+            Readiness::NotReady {
+                reason: NotReady::ListenersNotBound { missing: vec![80] }
+            }
+        );
+        assert!(r.to_string().contains("port(s) 80"), "{r}");
+        // xDS mode with nothing pushed: LIVE after the initial fetch timeout, no listener.
+        let empty = Scripted {
+            ready: Some(ReadyState::Live),
+            ports: vec![],
+        };
+        assert!(!probe(&empty, &expect(&[10080])).await.is_ready());
+    }
+
+    #[tokio::test]
+    async fn other_states_are_not_ready() {
+        for (state, short) in [
+            (Some(ReadyState::PreInitializing), "starting"),
+            (Some(ReadyState::Initializing), "starting"),
+            (Some(ReadyState::Draining), "draining"),
+            (None, "-"),
+        ] {
+            let a = Scripted {
+                ready: state,
+                ports: vec![80],
+            };
+            let r = probe(&a, &expect(&[80])).await;
+            assert!(!r.is_ready());
+            assert_eq!(r.short(), short);
+        }
+    }
+}
