@@ -727,6 +727,100 @@ mod tests {
         ])
     }
 
+    /// A route moved from cluster `a` to a new cluster `b`: clusters first as both, then the
+    /// routes, then the clusters without `a` (never a route naming a missing cluster).
+    #[test]
+    fn a_renamed_backend_is_made_before_it_is_broken() {
+        let gen = |g: u64, cds: &str, rds: &str| {
+            stamp(
+                &BTreeMap::from([
+                    (
+                        LDS_FILE.to_string(),
+                        "resources:\n- name: web\n".to_string(),
+                    ),
+                    (CDS_FILE.to_string(), cds.to_string()),
+                    (RDS_FILE.to_string(), rds.to_string()),
+                ]),
+                g,
+            )
+        };
+        let from = gen(
+            1,
+            "resources:\n- name: a\n",
+            "resources:\n- name: web\n  cluster: a\n",
+        );
+        let to = gen(
+            2,
+            "resources:\n- name: b\n",
+            "resources:\n- name: web\n  cluster: b\n",
+        );
+        let stages = stages(&from, &to);
+        let what: Vec<&str> = stages.iter().map(|s| s.what).collect();
+        assert_eq!(
+            what,
+            [
+                "clusters (old and new)",
+                "route configurations (old and new)",
+                "listeners",
+                "clusters"
+            ]
+        );
+        let union: serde_yaml::Value = serde_yaml::from_str(&stages[0].write[CDS_FILE]).unwrap();
+        let names: Vec<&str> = union["resources"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(union["version_info"], "2.1");
+        assert_eq!(
+            stages[1].write[RDS_FILE], to[RDS_FILE],
+            "routes switch in one go"
+        );
+        assert_eq!(stages[3].write[CDS_FILE], to[CDS_FILE], "then `a` goes");
+        // Applying every stage ends exactly at `to`.
+        let mut disk = from.clone();
+        for s in &stages {
+            disk.extend(s.write.clone());
+            for r in &s.remove {
+                disk.remove(r);
+            }
+        }
+        assert_eq!(disk, to);
+        // No change, no stage; only additions: one stage per file, final content at once.
+        assert!(super::stages(&to, &to).is_empty());
+    }
+
+    #[test]
+    fn new_secrets_come_before_the_listeners_and_old_ones_go_last() {
+        let from = BTreeMap::from([
+            (
+                LDS_FILE.to_string(),
+                "version_info: \"1\"\nresources: []\n".to_string(),
+            ),
+            ("sds-old.yaml".to_string(), "old".to_string()),
+        ]);
+        let to = BTreeMap::from([
+            (
+                LDS_FILE.to_string(),
+                "version_info: \"2\"\nresources: [x]\n".to_string(),
+            ),
+            ("sds-new.yaml".to_string(), "new".to_string()),
+        ]);
+        let stages = stages(&from, &to);
+        let what: Vec<&str> = stages.iter().map(|s| s.what).collect();
+        assert_eq!(
+            what,
+            [
+                "secrets and other files",
+                "listeners",
+                "files no longer used"
+            ]
+        );
+        assert_eq!(stages[2].remove, ["sds-old.yaml"]);
+    }
+
     #[test]
     fn stamps_replace_each_other_and_come_off() {
         let f = files();

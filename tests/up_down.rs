@@ -377,7 +377,8 @@ async fn status_and_diff_describe_the_fleet() {
             "{row}"
         );
         assert_eq!(row["state"], "running", "{row}");
-        assert_eq!(row["ready"], "LIVE", "{row}");
+        assert_eq!(row["ready"], true, "{row}");
+        assert_eq!(row["envoy"], "LIVE", "{row}");
         assert_eq!(row["image"], TEST_IMAGE, "{row}");
         let spec = row["spec"].as_str().unwrap();
         assert_eq!(spec.len(), 12, "short spec hash: {row}");

@@ -20,6 +20,9 @@ use crate::source::file::{self, Config};
 use crate::state::StateDir;
 use crate::target::{self, Target};
 
+/// How long one command may reuse its observation of the engine while it changes nothing.
+const OBSERVATION_REUSE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The default config file.
 pub const DEFAULT_CONFIG: &str = "berth.toml";
 
@@ -156,12 +159,15 @@ impl Resolved {
             StateDir::at(&self.state_dir)
         };
         let engine = DockerEngine::connect().await?;
-        Ok(Operations::new(Arc::new(DockerHost::new(
-            Arc::new(engine),
-            Arc::new(SocketConnector),
-            state,
-            cli.container_labels(),
-        ))))
+        Ok(Operations::new(Arc::new(
+            DockerHost::new(
+                Arc::new(engine),
+                Arc::new(SocketConnector),
+                state,
+                cli.container_labels(),
+            )
+            .reusing_observations(OBSERVATION_REUSE),
+        )))
     }
 }
 

@@ -124,6 +124,12 @@ impl DockerEngine {
                             .map(|c| c.name)
                     })
                     .unwrap_or_else(|| "container engine".to_string());
+                // Docker's own builds say "Docker Engine - Community"; Debian's only "Engine".
+                let product = if product == "Engine" {
+                    "Docker Engine".to_string()
+                } else {
+                    product
+                };
                 match v.version {
                     Some(version) => format!("{product} {version}"),
                     None => product,

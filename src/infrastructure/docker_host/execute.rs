@@ -246,11 +246,7 @@ impl Run<'_> {
             {
                 Ok(_) => {
                     crashpoint::reached("mid-rollback");
-                    let current = self
-                        .host
-                        .observe(&DockerHost::of_proxy(name))
-                        .await
-                        .unwrap_or_default();
+                    let current = self.host.observe_proxy(name).await.unwrap_or_default();
                     if let Some(c) = current.iter().find(|c| c.name == *new_name) {
                         let (shutdown, policy) = self.drain_settings(name, c);
                         let _ = self
@@ -279,7 +275,7 @@ impl Run<'_> {
     /// Removes files nothing uses any more: old generations, specs and run directories.
     pub(super) async fn prune(&self, target: &Target) -> Result<(), ConvergeError> {
         let name = target.name();
-        let mine = self.host.observe(&DockerHost::of_proxy(name)).await?;
+        let mine = self.host.observe_proxy(name).await?;
         let mut hashes: Vec<String> = mine
             .iter()
             .filter_map(|c| c.spec_hash().map(str::to_string))

@@ -178,6 +178,7 @@ impl Run<'_> {
         if let Err(e) = self.prepare_host_dirs(&replica) {
             return Err(failure(Gate::Start, format!("{e:#}")));
         }
+        self.host.forget_observation();
         let id = match self.engine.create(&replica).await {
             Ok(id) => id,
             Err(e) => return Err(failure(Gate::Start, e.to_string())),

@@ -17,6 +17,8 @@ mod gate;
 mod observe;
 mod prepare;
 mod retire;
+#[cfg(test)]
+mod tests;
 
 pub use gate::{Gate, GateFailure};
 
@@ -31,7 +33,7 @@ use super::{
     Changed, Changes, ConvergeError, ConvergeRequest, Converged, Delivery, Infrastructure,
 };
 use crate::admin::AdminConnector;
-use crate::engine::{ContainerEngine, LabelFilter};
+use crate::engine::{ContainerEngine, LabelFilter, ObservedContainer};
 use crate::plan::{self, Action, Plan};
 use crate::progress::{Event, Reporter};
 use crate::replica::{LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE};
@@ -51,6 +53,11 @@ pub struct DockerHost {
     /// touches (the test suite's `io.berth.test`; serves with different labels on one host
     /// leave each other alone).
     pub(crate) extra_labels: BTreeMap<String, String>,
+    /// One observation of all this berth's containers, reused until berth changes a container
+    /// or it is older than `reuse_for` (see [`DockerHost::reusing_observations`]).
+    pub(crate) snapshot:
+        std::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<ObservedContainer>>)>>,
+    pub(crate) reuse_for: Duration,
 }
 
 const _: fn() = || {
@@ -70,7 +77,17 @@ impl DockerHost {
             admins,
             state,
             extra_labels,
+            snapshot: std::sync::Mutex::new(None),
+            reuse_for: Duration::ZERO,
         }
+    }
+
+    /// Lets one command reuse an observation for up to `d` while it changes nothing, so a
+    /// no-op `up` asks the engine once (one list, one inspect per container) however many
+    /// steps look. serve does not: every pass sees the engine as it is.
+    pub fn reusing_observations(mut self, d: Duration) -> DockerHost {
+        self.reuse_for = d;
+        self
     }
 
     pub fn engine(&self) -> &Arc<dyn ContainerEngine> {
@@ -84,10 +101,6 @@ impl DockerHost {
     /// The filter every observation starts from: berth's containers.
     fn managed() -> LabelFilter {
         LabelFilter::default().with(LABEL_MANAGED_BY, Some(MANAGED_BY_VALUE))
-    }
-
-    fn of_proxy(proxy: &str) -> LabelFilter {
-        Self::managed().with(LABEL_PROXY, Some(proxy))
     }
 }
 
@@ -116,7 +129,7 @@ impl Infrastructure for DockerHost {
     async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError> {
         let mut names: BTreeSet<String> = self.state.proxies()?.into_iter().collect();
         names.extend(
-            self.observe(&Self::managed())
+            self.observe_all()
                 .await?
                 .iter()
                 .filter_map(|c| c.proxy().map(str::to_string)),
@@ -128,7 +141,7 @@ impl Infrastructure for DockerHost {
         let mut observed = Vec::new();
         let mut facts = plan::Facts::new();
         for t in targets {
-            let mine = self.observe(&Self::of_proxy(t.name())).await?;
+            let mine = self.observe_proxy(t.name()).await?;
             facts.insert(
                 t.name().to_string(),
                 self.facts(&t.desired, &mine).await.planner,
@@ -138,7 +151,7 @@ impl Infrastructure for DockerHost {
         let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
         for gone in self.owned().await? {
             if !wanted.contains(gone.as_str()) {
-                observed.extend(self.observe(&Self::of_proxy(&gone)).await?);
+                observed.extend(self.observe_proxy(&gone).await?);
             }
         }
         let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
@@ -157,8 +170,7 @@ impl Infrastructure for DockerHost {
         let target = req.target;
         let name = target.name();
         let desired = &target.desired;
-        self.state.ensure_proxy(name)?;
-        let observed = self.observe(&Self::of_proxy(name)).await?;
+        let observed = self.observe_proxy(name).await?;
         let facts = self.facts(desired, &observed).await;
         let fresh = !facts.any_ready;
         let plan = plan::plan_with(
@@ -198,13 +210,22 @@ impl Infrastructure for DockerHost {
             run.deliver(target, &observed, req.generation, req.confirm_timeout)
                 .await?
         };
-        let done = run
+        if !actions.is_empty() {
+            self.forget_observation();
+        }
+        let result = run
             .execute(target, &actions, &observed, &image_id, fresh)
-            .await?;
+            .await;
+        if !actions.is_empty() {
+            self.forget_observation();
+        }
+        let done = result?;
         if !actions.is_empty() {
             run.prune(target).await?;
         }
-        let readiness = self.readiness(desired).await?;
+        let readiness = self
+            .readiness(desired, actions.is_empty().then_some(observed.as_slice()))
+            .await?;
         Ok(Converged {
             delivery,
             actions: done,
@@ -213,7 +234,7 @@ impl Infrastructure for DockerHost {
     }
 
     async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError> {
-        let mine = self.observe(&Self::of_proxy(proxy)).await?;
+        let mine = self.observe_proxy(proxy).await?;
         let never = tokio_util::sync::CancellationToken::new();
         let run = self.run(reporter, &never);
         // The whole proxy goes away: drain its replicas at once, not one after the other.
@@ -226,6 +247,7 @@ impl Infrastructure for DockerHost {
             }
         }))
         .await;
+        self.forget_observation();
         let removed = results.iter().filter(|r| r.is_ok()).count();
         if let Some(err) = results.into_iter().find_map(Result::err) {
             return Err(err);
@@ -240,7 +262,7 @@ impl Infrastructure for DockerHost {
     ) -> Result<Vec<ReplicaStatus>, ConvergeError> {
         let mut observed = Vec::new();
         for p in proxies {
-            observed.extend(self.observe(&Self::of_proxy(p)).await?);
+            observed.extend(self.observe_proxy(p).await?);
         }
         Ok(self.rows(&observed).await)
     }
@@ -248,7 +270,7 @@ impl Infrastructure for DockerHost {
     async fn envoy_metrics(&self, proxies: &BTreeSet<String>) -> Vec<(String, String, String)> {
         let mut running = Vec::new();
         for p in proxies {
-            if let Ok(mine) = self.observe(&Self::of_proxy(p)).await {
+            if let Ok(mine) = self.observe_proxy(p).await {
                 running.extend(
                     mine.into_iter()
                         .filter(|c| c.state == crate::engine::RunState::Running),

@@ -23,22 +23,65 @@ pub(super) struct Observation {
 }
 
 impl DockerHost {
-    /// This berth's containers matching `filter`: made with this state directory (containers
-    /// from before that label count as everyone's) and carrying every extra label.
-    pub(crate) async fn observe(
-        &self,
-        filter: &LabelFilter,
-    ) -> Result<Vec<ObservedContainer>, ConvergeError> {
-        let mut found = self.engine.observe(filter).await?;
-        found.retain(|c| {
-            c.is_managed()
-                && c.belongs_to(self.state.root())
-                && self
-                    .extra_labels
-                    .iter()
-                    .all(|(k, v)| c.label(k) == Some(v.as_str()))
-        });
+    /// The label filter of this berth's containers: berth's, made with this state directory
+    /// and carrying every extra label. The engine filters; nothing else is even inspected.
+    fn mine(&self) -> LabelFilter {
+        let mut f = Self::managed().with(
+            crate::replica::LABEL_STATE_DIR,
+            Some(&self.state.root().display().to_string()),
+        );
+        for (k, v) in &self.extra_labels {
+            f = f.with(k, Some(v));
+        }
+        f
+    }
+
+    /// Every container of this berth (one list, one inspect each), or the last observation
+    /// while it may be reused ([`DockerHost::reusing_observations`]).
+    pub(crate) async fn observe_all(&self) -> Result<Arc<Vec<ObservedContainer>>, ConvergeError> {
+        if !self.reuse_for.is_zero() {
+            let cached = self.snapshot.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((at, seen)) = cached.as_ref() {
+                if at.elapsed() < self.reuse_for {
+                    return Ok(seen.clone());
+                }
+            }
+        }
+        let mut found = self.engine.observe(&self.mine()).await?;
+        found.retain(|c| c.is_managed());
+        let found = Arc::new(found);
+        if !self.reuse_for.is_zero() {
+            *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some((tokio::time::Instant::now(), found.clone()));
+        }
         Ok(found)
+    }
+
+    /// This berth's containers of one proxy.
+    pub(crate) async fn observe_proxy(
+        &self,
+        proxy: &str,
+    ) -> Result<Vec<ObservedContainer>, ConvergeError> {
+        if self.reuse_for.is_zero() {
+            let mut found = self
+                .engine
+                .observe(&self.mine().with(crate::replica::LABEL_PROXY, Some(proxy)))
+                .await?;
+            found.retain(|c| c.is_managed());
+            return Ok(found);
+        }
+        Ok(self
+            .observe_all()
+            .await?
+            .iter()
+            .filter(|c| c.proxy() == Some(proxy))
+            .cloned()
+            .collect())
+    }
+
+    /// Berth changed a container: the next look asks the engine.
+    pub(crate) fn forget_observation(&self) {
+        *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// The admin API of a replica, by the name its run directory was made under.
@@ -135,14 +178,17 @@ impl DockerHost {
         }
     }
 
-    /// The desired spec's replicas, probed.
+    /// The desired spec's replicas, probed; `observed` when nothing changed since.
     pub(super) async fn readiness(
         &self,
         desired: &DesiredProxy,
+        observed: Option<&[ObservedContainer]>,
     ) -> Result<ProxyReadiness, ConvergeError> {
-        let mine: Vec<ObservedContainer> = self
-            .observe(&Self::of_proxy(desired.name()))
-            .await?
+        let all = match observed {
+            Some(o) => o.to_vec(),
+            None => self.observe_proxy(desired.name()).await?,
+        };
+        let mine: Vec<ObservedContainer> = all
             .into_iter()
             .filter(|c| c.spec_hash() == Some(desired.hash.as_str()))
             .collect();

@@ -26,7 +26,7 @@ impl DockerHost {
         preflight::check_memory(&infra, policy.force_memory).map_err(refuse)?;
         // Ports held by this berth's own replicas are fine: they are the ones being replaced.
         let replica_pids: BTreeSet<u32> = self
-            .observe(&Self::managed())
+            .observe_all()
             .await?
             .iter()
             .filter_map(|c| c.info.pid)

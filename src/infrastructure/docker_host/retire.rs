@@ -61,6 +61,7 @@ impl Run<'_> {
             }
         }
         self.engine.remove(&container.id).await?;
+        self.host.forget_observation();
         crashpoint::reached("after-remove");
         let _ = std::fs::remove_dir_all(self.state.proxy(proxy).run(&run_name));
         self.reporter

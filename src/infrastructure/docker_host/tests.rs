@@ -1,0 +1,380 @@
+//! The executor against the in-memory engine, on tokio's paused clock: what it does, in which
+//! order, and what it leaves behind when a gate fails (rollback, pause, never rolling back a
+//! rollback), when it is cancelled between steps, when validation refuses, and when a replica
+//! stops serving.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::DockerHost;
+use crate::engine::fake::{Behavior, FakeEngine};
+use crate::engine::{RunState, User};
+use crate::infrastructure::{ConvergeError, ConvergeRequest, Converged, Gate, Infrastructure};
+use crate::progress::Reporter;
+use crate::render::Renderer;
+use crate::state::StateDir;
+use crate::target::{self, Target};
+
+const OLD: &str = "fake/envoy:1";
+const NEW: &str = "fake/envoy:2";
+const PORT: u16 = 18080;
+
+struct World {
+    engine: Arc<FakeEngine>,
+    host: DockerHost,
+    _dir: tempfile::TempDir,
+}
+
+fn world() -> World {
+    let engine = FakeEngine::new();
+    engine.add_image(OLD, Behavior::healthy(&[PORT]));
+    engine.add_image(NEW, Behavior::healthy(&[PORT]));
+    let dir = tempfile::Builder::new()
+        .prefix("bt")
+        .tempdir_in("/tmp")
+        .unwrap();
+    let state = StateDir::open(dir.path()).unwrap();
+    let host = DockerHost::new(
+        engine.clone(),
+        Arc::new(engine.clone()),
+        state,
+        Default::default(),
+    );
+    World {
+        engine,
+        host,
+        _dir: dir,
+    }
+}
+
+/// A proxy of `replicas` replicas of `image`, run as this process's user (so the run
+/// directories need no root).
+fn target(w: &World, image: &str, replicas: u32, on_failure: &str) -> Target {
+    let text = format!(
+        r#"
+[[proxy]]
+name = "edge"
+image = "{image}"
+replicas = {replicas}
+[proxy.rollout]
+min_ready = "1s"
+startup_deadline = "30s"
+drain_timeout = "5s"
+on_failure = "{on_failure}"
+[[proxy.listener]]
+name = "web"
+port = {PORT}
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200 }}
+"#
+    );
+    let config = crate::source::file::parse(std::path::Path::new("t.toml"), &text).unwrap();
+    let mut t = target::targets(&config.infra, &Renderer::builtin(), w.host.state.root(), 2)
+        .unwrap()
+        .remove(0);
+    // SAFETY: geteuid/getegid have no preconditions.
+    t.desired.spec.user = unsafe {
+        User {
+            uid: libc::geteuid(),
+            gid: libc::getegid(),
+        }
+    };
+    t.desired.hash = t.desired.spec.hash();
+    t
+}
+
+async fn converge_with(
+    w: &World,
+    t: &Target,
+    reporter: &Reporter,
+    cancel: CancellationToken,
+) -> Result<Converged, ConvergeError> {
+    w.host
+        .converge(ConvergeRequest {
+            target: t,
+            generation: None,
+            hold_files: false,
+            confirm_timeout: Duration::from_secs(5),
+            reporter,
+            cancel,
+        })
+        .await
+}
+
+async fn converge(w: &World, t: &Target) -> Result<Converged, ConvergeError> {
+    converge_with(w, t, &Reporter::quiet(), CancellationToken::new()).await
+}
+
+/// The running containers' images, by slot.
+fn images(w: &World) -> Vec<(String, String)> {
+    let mut v: Vec<(String, String)> = w
+        .engine
+        .containers()
+        .into_iter()
+        .filter(|c| c.state == RunState::Running)
+        .map(|c| (c.labels["io.berth.slot"].clone(), c.image))
+        .collect();
+    v.sort();
+    v
+}
+
+fn position(history: &[String], prefix: &str) -> usize {
+    history
+        .iter()
+        .position(|h| h.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no {prefix:?} in {history:#?}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_fresh_proxy_is_validated_then_created_and_ready() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    let c = converge(&w, &t).await.unwrap();
+    assert_eq!(c.actions.create, 3);
+    assert!(c.readiness.all_ready(), "{}", c.readiness);
+    assert_eq!(images(&w).len(), 3);
+    let h = w.engine.history();
+    assert!(position(&h, "validate") < position(&h, "create"), "{h:#?}");
+    // A second converge changes nothing and validates nothing.
+    let before = w.engine.history().len();
+    let again = converge(&w, &t).await.unwrap();
+    assert_eq!(again.actions, Default::default());
+    let after = w.engine.history();
+    assert!(
+        after[before..].iter().all(|h| h == "observe"),
+        "a no-op converge only looks: {:?}",
+        &after[before..]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_image_change_replaces_one_replica_at_a_time_start_first() {
+    let w = world();
+    converge(&w, &target(&w, OLD, 2, "rollback")).await.unwrap();
+    let olds: Vec<String> = w.engine.containers().into_iter().map(|c| c.name).collect();
+    let start = w.engine.history().len();
+    let c = converge(&w, &target(&w, NEW, 2, "rollback")).await.unwrap();
+    assert_eq!(c.actions.replace, 2);
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), NEW.into()), ("1".into(), NEW.into())]
+    );
+    let h = &w.engine.history()[start..];
+    let creates: Vec<usize> = h
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| x.starts_with("create"))
+        .map(|(i, _)| i)
+        .collect();
+    let removes: Vec<usize> = olds
+        .iter()
+        .map(|o| position(h, &format!("remove {o}")))
+        .collect();
+    let drains: Vec<usize> = olds
+        .iter()
+        .map(|o| position(h, &format!("drain {o}")))
+        .collect();
+    assert_eq!(creates.len(), 2);
+    // Start first: each new replica exists before its predecessor drains; one at a time:
+    // the second new replica is created only after the first old one is gone.
+    assert!(creates[0] < drains[0] && drains[0] < removes[0], "{h:#?}");
+    assert!(removes[0] < creates[1], "{h:#?}");
+    assert!(creates[1] < drains[1] && drains[1] < removes[1], "{h:#?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_gate_rolls_the_replaced_slots_back() {
+    let w = world();
+    converge(&w, &target(&w, OLD, 2, "rollback")).await.unwrap();
+    let t = target(&w, NEW, 2, "rollback");
+    // Slot 1's new replica will not start.
+    w.engine.fail_once(
+        &format!("start berth-edge-1-{}", &t.desired.hash[..8]),
+        "boom",
+    );
+    let err = converge(&w, &t).await.unwrap_err();
+    let ConvergeError::Gate(f) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(f.gate, Gate::Start);
+    assert!(f.aftermath.contains("rolled back"), "{}", f.aftermath);
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), OLD.into()), ("1".into(), OLD.into())],
+        "every slot serves the old spec again"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn pause_leaves_the_replaced_slots_on_the_new_spec() {
+    let w = world();
+    converge(&w, &target(&w, OLD, 2, "pause")).await.unwrap();
+    let t = target(&w, NEW, 2, "pause");
+    w.engine.fail_once(
+        &format!("start berth-edge-1-{}", &t.desired.hash[..8]),
+        "boom",
+    );
+    let err = converge(&w, &t).await.unwrap_err();
+    let ConvergeError::Gate(f) = &err else {
+        panic!("{err}")
+    };
+    assert!(f.aftermath.contains("paused"), "{}", f.aftermath);
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), NEW.into()), ("1".into(), OLD.into())]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rollback_is_never_rolled_back() {
+    let w = world();
+    let old = target(&w, OLD, 2, "rollback");
+    converge(&w, &old).await.unwrap();
+    let t = target(&w, NEW, 2, "rollback");
+    w.engine.fail_once(
+        &format!("start berth-edge-1-{}", &t.desired.hash[..8]),
+        "boom",
+    );
+    // The rollback of slot 0 to the old spec fails too.
+    w.engine.fail_once(
+        &format!("start berth-edge-0-{}", &old.desired.hash[..8]),
+        "again",
+    );
+    let err = converge(&w, &t).await.unwrap_err();
+    let ConvergeError::Gate(f) = &err else {
+        panic!("{err}")
+    };
+    assert!(
+        f.aftermath.contains("rollback failed too") && f.aftermath.contains("left as is"),
+        "{}",
+        f.aftermath
+    );
+    let attempts = w
+        .engine
+        .history()
+        .iter()
+        .filter(|h| h.starts_with(&format!("create berth-edge-0-{}", &old.desired.hash[..8])))
+        .count();
+    // Slot 0 was created once on the old spec at the start, and tried once as a rollback.
+    assert_eq!(attempts, 2, "{:#?}", w.engine.history());
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), NEW.into()), ("1".into(), OLD.into())]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn cancellation_stops_between_two_steps() {
+    let w = world();
+    converge(&w, &target(&w, OLD, 3, "rollback")).await.unwrap();
+    let cancel = CancellationToken::new();
+    let fired = Arc::new(AtomicBool::new(false));
+    let reporter = {
+        let (cancel, fired) = (cancel.clone(), fired.clone());
+        Reporter::quiet().on_event(move |e| {
+            // Cancel as soon as the first old replica is gone.
+            if e.event == "removed" && !fired.swap(true, Ordering::SeqCst) {
+                cancel.cancel();
+            }
+        })
+    };
+    let err = converge_with(&w, &target(&w, NEW, 3, "rollback"), &reporter, cancel)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConvergeError::Cancelled { .. }), "{err}");
+    // The step under way was finished: slot 0 replaced, the others untouched, none short.
+    assert_eq!(
+        images(&w),
+        vec![
+            ("0".into(), NEW.into()),
+            ("1".into(), OLD.into()),
+            ("2".into(), OLD.into())
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_config_changes_nothing() {
+    let w = world();
+    converge(&w, &target(&w, OLD, 2, "rollback")).await.unwrap();
+    let before = images(&w);
+    let start = w.engine.history().len();
+    let mut bad = Behavior::healthy(&[PORT]);
+    bad.rejects = Some("[critical][main] error initializing configuration: no_such_field".into());
+    w.engine.add_image(NEW, bad);
+    let err = converge(&w, &target(&w, NEW, 2, "rollback"))
+        .await
+        .unwrap_err();
+    let ConvergeError::Rejected { why, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(why.contains("no_such_field"), "{why}");
+    assert_eq!(images(&w), before);
+    let h = &w.engine.history()[start..];
+    assert!(
+        !h.iter()
+            .any(|x| x.starts_with("create") || x.starts_with("drain")),
+        "{h:#?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_engine_refusal_is_the_engines_not_envoys() {
+    let w = world();
+    w.engine
+        .fail_once("validate", "default ulimits exceed the hard limit");
+    let err = converge(&w, &target(&w, OLD, 1, "rollback"))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ConvergeError::Engine(_)), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("the fake engine refused") && msg.contains("ulimits"),
+        "{msg}"
+    );
+    assert!(!msg.contains("envoy --mode validate rejected"), "{msg}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_stops_serving_is_replaced_once_the_host_allows() {
+    let w = world();
+    let t = target(&w, OLD, 1, "rollback");
+    converge(&w, &t).await.unwrap();
+    // A reboot: the port cannot be bound any more, Envoy is LIVE without its listener.
+    let mut unbound = Behavior::healthy(&[]);
+    unbound.live_after = Duration::from_secs(1);
+    w.engine.add_image(OLD, unbound);
+    let err = converge(&w, &t).await.unwrap_err();
+    let ConvergeError::Gate(f) = &err else {
+        panic!("{err}")
+    };
+    assert_eq!(f.gate, Gate::Listeners, "{f}");
+    assert!(f.reason.contains(&PORT.to_string()), "{f}");
+    // The host is fixed: the next pass replaces the replica with one that serves.
+    w.engine.add_image(OLD, Behavior::healthy(&[PORT]));
+    let c = converge(&w, &t).await.unwrap();
+    assert!(c.readiness.all_ready(), "{}", c.readiness);
+}
+
+#[tokio::test(start_paused = true)]
+async fn remove_drains_every_replica_before_any_goes() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge(&w, &t).await.unwrap();
+    let start = w.engine.history().len();
+    let n = w.host.remove("edge", &Reporter::quiet()).await.unwrap();
+    assert_eq!(n, 3);
+    let h = &w.engine.history()[start..];
+    let last_drain = h.iter().rposition(|x| x.starts_with("drain")).unwrap();
+    let first_remove = h.iter().position(|x| x.starts_with("remove")).unwrap();
+    assert!(
+        last_drain < first_remove,
+        "every replica was draining before any was removed: {h:#?}"
+    );
+    assert!(images(&w).is_empty());
+    assert!(!w.host.state.proxy("edge").root().exists());
+}
