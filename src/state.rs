@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 
-use crate::replica::{REPLICA_GID, REPLICA_UID};
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::replica::{DesiredProxy, TlsFile};
+use crate::replica::{REPLICA_GID, REPLICA_UID};
 
 #[derive(Debug, Clone)]
 pub struct StateDir {

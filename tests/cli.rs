@@ -17,6 +17,7 @@ fn root() -> &'static Path {
 
 fn berth() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
     cmd.current_dir(root())
         .env_remove("BERTH_CONFIG")
         .env_remove("BERTH_STATE_DIR");

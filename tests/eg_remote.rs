@@ -25,7 +25,9 @@ fn certs() -> PathBuf {
 }
 
 fn berth() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
+    cmd
 }
 
 /// `berth serve` with the remote provider on `<dir>/r.sock`; killed on drop.

@@ -19,6 +19,7 @@ use serde_json::Value;
 
 fn berth(config: &Path, state: &Path, cleanup: &Cleanup, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
         .arg("-f")
         .arg(config)
         .arg("--state-dir")

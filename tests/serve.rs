@@ -38,6 +38,7 @@ fn config_edit_scales_the_proxy() {
 
     // `berth status` shows the same: the generation, and each replica's observed generation.
     let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
         .arg("-f")
         .arg(&case.config)
         .arg("--state-dir")

@@ -47,6 +47,7 @@ impl Fleet {
 
     fn command(&self) -> Command {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
         cmd.env_remove("BERTH_CONFIG")
             .env_remove("BERTH_STATE_DIR")
             .arg("-f")

@@ -131,8 +131,10 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
             &reporter,
         )
         .await?;
-    for warning in &report.host.degraded {
-        tracing::warn!("{warning}");
+    for (_, warning) in &report.host.degraded {
+        if !cli.quiet {
+            eprintln!("warning: {warning}");
+        }
     }
     let failed: Vec<String> = report
         .converged

@@ -17,14 +17,12 @@
 
 pub mod boot;
 pub mod inotify;
-mod legacy;
 pub mod sysctl;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::PathBuf;
 
-pub use legacy::{ensure_tcp_migrate_req, ensure_unprivileged_port_start, MigrateReq, PortStart};
 use sysctl::{Key, Sysctls};
 
 /// Kernel defaults: what a setting returns to at boot unless a drop-in sets it.
@@ -139,7 +137,7 @@ impl Settings {
             sysctls: Sysctls::default(),
             boot: boot::BootConfig::standard().with_dropin(&dropin),
             dropin,
-            replica_uid: crate::engine::REPLICA_UID,
+            replica_uid: crate::replica::REPLICA_UID,
             fleet_pids,
         }
     }

@@ -173,8 +173,8 @@ pub struct HostPreparation {
     /// lowered from 1024 to 80").
     pub notes: Vec<String>,
     /// What the host lacks that berth could not fix, and what is lost because of it, with the
-    /// command that fixes it: serve reports each as a Degraded condition.
-    pub degraded: Vec<String>,
+    /// command that fixes it, as (reason, message): serve reports it as a Degraded condition.
+    pub degraded: Vec<(String, String)>,
 }
 
 /// A change on the infrastructure someone else made (a container died, was removed, was

@@ -479,8 +479,11 @@ pub async fn run(opts: Options) -> Result<()> {
         .collect();
     match shared.ops.prepare_host(&fleet, shared.host_policy()).await {
         Ok(prep) => {
-            for line in prep.notes.iter().chain(&prep.degraded) {
+            for line in &prep.notes {
                 log(opts.mode, line);
+            }
+            for (_, warning) in &prep.degraded {
+                log(opts.mode, &format!("warning: {warning}"));
             }
         }
         // Reported per proxy (Degraded) by its first pass, which prepares again.

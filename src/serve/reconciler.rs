@@ -277,8 +277,8 @@ async fn converge(
                 format!("generation {generation}'s routes were refused by a replica; the previous ones serve until the next edit"),
             ));
         }
-        for warning in &host.degraded {
-            degraded.push(("HostNotPrepared", warning.clone()));
+        for (reason, message) in &host.degraded {
+            degraded.push((reason.as_str(), message.clone()));
         }
         if !r.all_ready() && !target.desired.xds {
             degraded.push(("ReplicasNotServing", r.to_string()));

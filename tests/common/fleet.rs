@@ -135,6 +135,7 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
     /// `berth up --output json` with extra environment variables.
     pub async fn up_with(&self, env: &[(&str, &str)]) -> Output {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
             .envs(env.iter().copied())
             .arg("-f")
             .arg(self.config())

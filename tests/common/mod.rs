@@ -31,6 +31,9 @@ pub const TEST_VERSION: &str = "1.40.0";
 /// Per-test label, so a test removes its own containers and nobody else's.
 pub const LABEL_TEST_CASE: &str = "io.berth.test.case";
 
+/// Where berth writes its sysctl drop-in during tests (never /etc/sysctl.d of the test host).
+pub const TEST_SYSCTL_DROPIN: &str = "/tmp/berth-test-sysctl.d/60-berth.conf";
+
 /// Makes sure the local test image exists (builds it once per test binary; the script is
 /// idempotent).
 pub fn ensure_test_image() -> &'static str {

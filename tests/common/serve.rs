@@ -29,6 +29,7 @@ impl Serve {
             .open(&log)
             .unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
             .arg("-f")
             .arg(config)
             .arg("--state-dir")
