@@ -7,6 +7,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use crate::infrastructure::{
@@ -16,6 +17,9 @@ use crate::plan::Plan;
 use crate::progress::Reporter;
 use crate::status::ReplicaStatus;
 use crate::target::Target;
+
+/// Proxies `up` converges at once.
+const PROXIES_AT_ONCE: usize = 8;
 
 /// How an entry point wants the host treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,20 +91,37 @@ impl Operations {
         for note in &report.host.notes {
             reporter.event(crate::progress::Event::new("berth", "host").message(note));
         }
-        for target in targets {
-            let converged = self
-                .converge(ConvergeRequest {
-                    target,
-                    generation: None,
-                    hold_files: false,
-                    confirm_timeout,
-                    reporter,
-                    cancel: CancellationToken::new(),
-                })
-                .await?;
-            report
-                .converged
-                .push((target.name().to_string(), converged));
+        // Proxies are independent: converge them side by side (each one replica at a time).
+        let results: Vec<(String, Result<Converged, ConvergeError>)> =
+            futures_util::stream::iter(targets.iter().map(|target| async move {
+                let result = self
+                    .converge(ConvergeRequest {
+                        target,
+                        generation: None,
+                        hold_files: false,
+                        confirm_timeout,
+                        reporter,
+                        cancel: CancellationToken::new(),
+                    })
+                    .await;
+                (target.name().to_string(), result)
+            }))
+            .buffer_unordered(PROXIES_AT_ONCE)
+            .collect()
+            .await;
+        let mut failures = Vec::new();
+        for (name, result) in results {
+            match result {
+                Ok(c) => report.converged.push((name, c)),
+                Err(e) => failures.push((name, e)),
+            }
+        }
+        report.converged.sort_by(|a, b| a.0.cmp(&b.0));
+        failures.sort_by(|a, b| a.0.cmp(&b.0));
+        if let Some((_, first)) = failures.into_iter().next() {
+            // Every proxy was tried; the first failure (by name) is the answer, the others
+            // were reported as they happened.
+            return Err(first);
         }
         let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
         for gone in self.infra.owned().await? {

@@ -320,10 +320,13 @@ async fn remote_provider_drives_serve_end_to_end() {
     let rows = rows["replicas"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{rows:?}");
     for r in rows {
+        // No xDS server: started, not serving, and status says so.
         assert!(
-            ["PRE_INITIALIZING", "INITIALIZING"].contains(&r["ready"].as_str().unwrap()),
+            ["PRE_INITIALIZING", "INITIALIZING"].contains(&r["envoy"].as_str().unwrap()),
             "{r}"
         );
+        assert_eq!(r["ready"], false, "{r}");
+        assert!(r["reason"].as_str().is_some(), "{r}");
     }
 
     // The same request again changes nothing.

@@ -248,7 +248,7 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
             reps.len() == 2
                 && reps
                     .iter()
-                    .all(|r| r["ready"] == "LIVE" && r["observedGeneration"].as_u64() == Some(gen))
+                    .all(|r| r["ready"] == true && r["observedGeneration"].as_u64() == Some(gen))
         },
     );
     for _ in 0..20 {

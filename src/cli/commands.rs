@@ -279,7 +279,7 @@ pub(super) async fn serve(cli: &Cli) -> Result<()> {
         resync,
         confirm_timeout,
         no_watch,
-        no_docker_events,
+        no_engine_events,
         remote,
     } = &cli.command
     else {
@@ -291,24 +291,19 @@ pub(super) async fn serve(cli: &Cli) -> Result<()> {
         )
         .into());
     }
-    let listen = match listen.as_str() {
-        "off" | "none" | "" => None,
-        addr => Some(
-            addr.parse()
-                .with_context(|| format!("--listen {addr:?}: expected HOST:PORT or \"off\""))?,
-        ),
-    };
     crate::serve::run(crate::serve::Options {
         config: cli.config_path(),
         state_dir: cli.state_dir.clone(),
         templates: cli.templates.clone(),
         extra_labels: cli.container_labels(),
         mode: cli.mode(),
-        listen,
-        resync: (!resync.is_zero()).then_some(*resync),
-        watch: !no_watch,
-        docker_events: !no_docker_events,
-        confirm_timeout: *confirm_timeout,
+        flags: crate::serve::ServeFlags {
+            listen: listen.map(|l| l.0),
+            resync: resync.map(|r| (!r.is_zero()).then_some(r)),
+            confirm_timeout: *confirm_timeout,
+            watch: no_watch.then_some(false),
+            engine_events: no_engine_events.then_some(false),
+        },
         remote: match remote.as_deref() {
             None => crate::serve::RemoteFlag::FromConfig,
             Some("off") => crate::serve::RemoteFlag::Off,

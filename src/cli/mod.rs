@@ -189,26 +189,37 @@ pub enum Command {
     /// /metrics. On SIGTERM or SIGINT the current rollout step finishes and serve exits 0; the
     /// proxies keep running.
     Serve {
-        /// Address of the status server (/healthz, /status, /metrics), or "off".
-        #[arg(long, default_value = crate::serve::DEFAULT_LISTEN, env = "BERTH_LISTEN")]
-        listen: String,
-        /// Reconcile every proxy this often even without events ("0" turns it off).
-        #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
-        resync: std::time::Duration,
-        /// How long every replica gets to confirm a live route/cluster update.
-        #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
-        confirm_timeout: std::time::Duration,
-        /// Do not watch the config file.
+        /// Address of the status server (/healthz, /status, /metrics), or "off"
+        /// [default: [serve] listen, else 127.0.0.1:9477].
+        #[arg(long, env = "BERTH_LISTEN", value_parser = parse_listen)]
+        listen: Option<ListenFlag>,
+        /// Reconcile every proxy this often even without events ("0" turns it off)
+        /// [default: [serve] resync, else 30s].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        resync: Option<std::time::Duration>,
+        /// How long every replica gets to confirm a live route/cluster update
+        /// [default: [serve] confirm_timeout, else 5s].
+        #[arg(long, value_parser = humantime::parse_duration)]
+        confirm_timeout: Option<std::time::Duration>,
+        /// Do not watch the config file and the files it names.
         #[arg(long)]
         no_watch: bool,
-        /// Do not watch Docker's container events (rely on the resync).
-        #[arg(long)]
-        no_docker_events: bool,
+        /// Do not watch the engine's container events (rely on the resync).
+        #[arg(long, alias = "no-docker-events")]
+        no_engine_events: bool,
         /// Serve Envoy Gateway's remote infrastructure provider on this address
         /// ("unix:///path" or "tcp://IP:PORT") [default: [envoy_gateway] remote; "off" disables].
         #[arg(long, value_name = "ADDR")]
         remote: Option<String>,
     },
+}
+
+/// `--listen`: an address, or "off".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ListenFlag(pub Option<std::net::SocketAddr>);
+
+fn parse_listen(s: &str) -> Result<ListenFlag, String> {
+    crate::source::file::parse_listen(s).map(ListenFlag)
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {

@@ -43,17 +43,13 @@ use crate::metrics::Metrics;
 use crate::operations::{HostPolicy, Operations};
 use crate::progress::Mode;
 use crate::render::Renderer;
-use crate::source::file::{self, Config};
+use crate::source::file::{self, Config, ServeSection};
 use crate::state::StateDir;
 use crate::target::{self, Target};
 
 use crate::status::record as status;
 pub use crate::status::record::{Condition, Record};
 
-/// Default address of the status server: loopback only.
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
-/// Default interval of the periodic resync.
-pub const DEFAULT_RESYNC: Duration = Duration::from_secs(30);
 /// Quiet time after a config file event before it is re-read.
 pub const DEBOUNCE: Duration = Duration::from_millis(200);
 
@@ -68,18 +64,37 @@ pub struct Options {
     pub extra_labels: BTreeMap<String, String>,
     /// How rollout steps are reported (human lines on stderr, JSON on stdout, nothing).
     pub mode: Mode,
-    /// The status server's address; None: no server.
-    pub listen: Option<SocketAddr>,
-    /// The periodic resync's interval; None: no resync.
-    pub resync: Option<Duration>,
-    /// Watch the config file.
-    pub watch: bool,
-    /// Watch the engine's container events.
-    pub docker_events: bool,
-    /// How long replicas get to confirm a live route update.
-    pub confirm_timeout: Duration,
+    /// Flags that override the config's `[serve]`.
+    pub flags: ServeFlags,
     /// Envoy Gateway's remote infrastructure provider service.
     pub remote: RemoteFlag,
+}
+
+/// `berth serve`'s flags; each, when given, overrides its `[serve]` key.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ServeFlags {
+    /// The status server's address; Some(None): no server.
+    pub listen: Option<Option<SocketAddr>>,
+    /// The periodic resync's interval; Some(None): no resync.
+    pub resync: Option<Option<Duration>>,
+    pub confirm_timeout: Option<Duration>,
+    /// Some(false): do not watch the config and the files it names.
+    pub watch: Option<bool>,
+    /// Some(false): do not watch the engine's events.
+    pub engine_events: Option<bool>,
+}
+
+impl ServeFlags {
+    /// The config's `[serve]` with these flags applied: what serve runs with.
+    pub fn over(&self, section: &ServeSection) -> ServeSection {
+        ServeSection {
+            listen: self.listen.unwrap_or(section.listen),
+            resync: self.resync.unwrap_or(section.resync),
+            confirm_timeout: self.confirm_timeout.unwrap_or(section.confirm_timeout),
+            watch: self.watch.unwrap_or(section.watch),
+            engine_events: self.engine_events.unwrap_or(section.engine_events),
+        }
+    }
 }
 
 /// Where serve offers Envoy Gateway's remote infrastructure provider service.
@@ -149,6 +164,8 @@ impl RecordStore {
 /// What the components share.
 pub struct Shared {
     pub opts: Options,
+    /// What serve runs with: the first config's `[serve]` with the flags applied.
+    pub settings: ServeSection,
     pub ops: Operations,
     pub state: StateDir,
     /// `tune_host` of the last good config.
@@ -395,6 +412,7 @@ pub async fn run(opts: Options) -> Result<()> {
         .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
     // Absolute: it is a bind-mount source and a container label.
     let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
+    let settings = opts.flags.over(&first.serve);
     let state = StateDir::open(&state_path)?;
     let engine = DockerEngine::connect().await?;
     let ops = Operations::new(Arc::new(DockerHost::new(
@@ -411,6 +429,7 @@ pub async fn run(opts: Options) -> Result<()> {
             mode: opts.mode,
         }),
         opts: opts.clone(),
+        settings: settings.clone(),
         ops,
         tune_host: std::sync::atomic::AtomicBool::new(first.tune_host),
         state,
@@ -495,7 +514,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let cancel = CancellationToken::new();
 
     // Bind before anything runs, so a port in use fails at once.
-    let listener = match opts.listen {
+    let listener = match settings.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
                 .await
@@ -529,19 +548,19 @@ pub async fn run(opts: Options) -> Result<()> {
             }),
         ),
     ];
-    if opts.watch {
+    if settings.watch {
         components.push((
             "config watcher",
             Box::pin(config::run(shared.clone(), cancel.clone())),
         ));
     }
-    if opts.docker_events {
+    if settings.engine_events {
         components.push((
             "docker events",
             Box::pin(events::run(shared.clone(), cancel.clone())),
         ));
     }
-    if let Some(every) = opts.resync {
+    if let Some(every) = settings.resync {
         components.push((
             "resync",
             Box::pin(resync::run(shared.clone(), every, cancel.clone())),

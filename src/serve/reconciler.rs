@@ -202,7 +202,7 @@ async fn converge(
             target,
             generation: Some(generation),
             hold_files: held(shared, name, generation),
-            confirm_timeout: shared.opts.confirm_timeout,
+            confirm_timeout: shared.settings.confirm_timeout,
             reporter: &reporter,
             cancel: cancel.clone(),
         })

@@ -18,6 +18,7 @@ mod gateway;
 mod listener;
 mod proxy;
 mod route;
+mod serve;
 mod settings;
 
 use std::path::{Path, PathBuf};
@@ -26,6 +27,7 @@ use crate::ir;
 
 pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
 pub use errors::{ConfigError, ConfigErrors};
+pub use serve::{parse_listen, ServeSection};
 pub use gateway::{read_ir_file, EnvoyGateway, MAX_IR_FILE_SIZE};
 
 /// An IP address or a DNS name (no port); the message says what is allowed.
@@ -57,6 +59,8 @@ pub struct Config {
     /// `[envoy_gateway]`: the xDS defaults for EG-driven proxies and the remote provider's
     /// listen address for `berth serve`.
     pub envoy_gateway: Option<EnvoyGateway>,
+    /// `[serve]`: which components `berth serve` runs.
+    pub serve: ServeSection,
     /// Things worth saying that are not errors (an IR proxy without listeners was skipped).
     pub notes: Vec<String>,
 }
@@ -70,6 +74,7 @@ impl Config {
             tune_host: true,
             infra: ir::Infra::default(),
             envoy_gateway: None,
+            serve: ServeSection::default(),
             notes: Vec::new(),
         }
     }
@@ -150,6 +155,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         path: path.to_path_buf(),
         state_dir: walked.state_dir,
         tune_host: walked.tune_host,
+        serve: walked.serve,
         infra: walked.infra,
         envoy_gateway: walked.envoy_gateway,
         notes: walked.notes,

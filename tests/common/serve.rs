@@ -113,7 +113,7 @@ impl Serve {
         reps.len() == n
             && reps
                 .iter()
-                .all(|r| r["ready"] == "LIVE" && r["observedGeneration"].as_u64() == gen)
+                .all(|r| r["ready"] == true && r["observedGeneration"].as_u64() == gen)
             && condition(&p, "Ready")["status"] == "True"
             && p["busy"].is_null()
     }

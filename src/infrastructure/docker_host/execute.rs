@@ -191,6 +191,24 @@ impl Run<'_> {
         }
     }
 
+    /// Removes the replicas of the desired spec a converge just created (a fresh proxy whose
+    /// config Envoy refused while they started): nothing served through them yet.
+    pub(super) async fn remove_new(&self, target: &Target) {
+        self.host.forget_observation();
+        let Ok(mine) = self.host.observe_proxy(target.name()).await else {
+            return;
+        };
+        for c in mine
+            .iter()
+            .filter(|c| c.spec_hash() == Some(target.desired.hash.as_str()))
+        {
+            let _ = self.engine.remove(&c.id).await;
+            let run = c.recorded_name().unwrap_or(&c.name);
+            let _ = std::fs::remove_dir_all(self.state.proxy(target.name()).run(run));
+        }
+        self.host.forget_observation();
+    }
+
     /// The drain settings a container retires with: those of the spec it runs (recorded with
     /// it), else the defaults.
     pub(super) fn drain_settings(

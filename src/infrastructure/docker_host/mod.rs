@@ -197,7 +197,10 @@ impl Infrastructure for DockerHost {
         } else {
             String::new()
         };
-        if prepare.validate {
+        // Only empty slots to fill, nothing to protect: validate while the replicas start, and
+        // remove them again should Envoy refuse the config. Otherwise validation comes first.
+        let alongside = prepare.validate && actions.iter().all(|a| matches!(a, Action::Create { .. }));
+        if prepare.validate && !alongside {
             run.validate_target(target).await?;
             crate::crashpoint::reached("after-validate");
         } else {
@@ -213,9 +216,22 @@ impl Infrastructure for DockerHost {
         if !actions.is_empty() {
             self.forget_observation();
         }
-        let result = run
-            .execute(target, &actions, &observed, &image_id, fresh)
-            .await;
+        let result = if alongside {
+            let (validated, executed) = tokio::join!(
+                run.validate_target(target),
+                run.execute(target, &actions, &observed, &image_id, fresh)
+            );
+            match validated {
+                Ok(()) => executed,
+                Err(refused) => {
+                    run.remove_new(target).await;
+                    Err(refused)
+                }
+            }
+        } else {
+            run.execute(target, &actions, &observed, &image_id, fresh)
+                .await
+        };
         if !actions.is_empty() {
             self.forget_observation();
         }

@@ -17,7 +17,7 @@ pub const DEFAULT_IMAGE: &str = "envoyproxy/envoy:v1.36.2";
 pub const MAX_REPLICAS: i64 = 32;
 pub const MAX_CONCURRENCY: i64 = 128;
 
-const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "envoy_gateway", "proxy"];
+const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "envoy_gateway", "serve", "proxy"];
 const PROXY_KEYS: &[&str] = &[
     "name",
     "namespace",
@@ -44,6 +44,7 @@ pub(super) struct Root {
     pub tune_host: bool,
     pub infra: ir::Infra,
     pub envoy_gateway: Option<EnvoyGateway>,
+    pub serve: super::serve::ServeSection,
     pub notes: Vec<String>,
 }
 
@@ -80,6 +81,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
         Some(cx.resolve(s.v))
     });
     let gateway = gateway::section(cx, t);
+    let serve = super::serve::section(cx, t);
     let proxies = t.tables(cx, "proxy", PROXY_KEYS);
     let none = match t.get("proxy") {
         None => true,
@@ -111,6 +113,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
         tune_host,
         infra,
         envoy_gateway: gateway.map(|(g, _)| g),
+        serve,
         notes,
     }
 }
