@@ -4,14 +4,11 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 use anyhow::{bail, Result};
 
 use super::{BadInput, Cli, Output};
-use crate::admin::SocketConnector;
-use crate::engine::DockerEngine;
-use crate::infrastructure::docker_host::DockerHost;
+use crate::infrastructure::Caller;
 use crate::layout::DEFAULT_STATE_DIR;
 use crate::operations::Operations;
 use crate::progress::{Mode, Reporter};
@@ -19,9 +16,6 @@ use crate::render::Renderer;
 use crate::source::file::{self, Config};
 use crate::state::StateDir;
 use crate::target::{self, Target};
-
-/// How long one command may reuse its observation of the engine while it changes nothing.
-const OBSERVATION_REUSE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// The default config file.
 pub const DEFAULT_CONFIG: &str = "berth.toml";
@@ -158,16 +152,9 @@ impl Resolved {
         } else {
             StateDir::at(&self.state_dir)
         };
-        let engine = DockerEngine::connect().await?;
-        Ok(Operations::new(Arc::new(
-            DockerHost::new(
-                Arc::new(engine),
-                Arc::new(SocketConnector),
-                state,
-                cli.container_labels(),
-            )
-            .reusing_observations(OBSERVATION_REUSE),
-        )))
+        Ok(Operations::new(
+            crate::infrastructure::connect(state, cli.container_labels(), Caller::Command).await?,
+        ))
     }
 }
 

@@ -28,6 +28,38 @@ use crate::target::Target;
 
 pub use docker_host::{Gate, GateFailure};
 
+/// How long one command (not serve) may reuse its observation while it changes nothing.
+pub const COMMAND_OBSERVATION_REUSE: Duration = Duration::from_secs(10);
+
+/// Who asks: one command, or the long-running serve (which must always see the engine as it
+/// is).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Caller {
+    Command,
+    Serve,
+}
+
+/// The one constructor of the infrastructure this berth runs on (DESIGN: like Envoy
+/// Gateway's `NewManager`, it picks the implementation by configuration): today the single
+/// Docker host behind `DOCKER_HOST` (or the local socket).
+pub async fn connect(
+    state: crate::state::StateDir,
+    extra_labels: std::collections::BTreeMap<String, String>,
+    caller: Caller,
+) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
+    let engine = crate::engine::DockerEngine::connect().await?;
+    let host = docker_host::DockerHost::new(
+        std::sync::Arc::new(engine),
+        std::sync::Arc::new(crate::admin::SocketConnector),
+        state,
+        extra_labels,
+    );
+    Ok(std::sync::Arc::new(match caller {
+        Caller::Command => host.reusing_observations(COMMAND_OBSERVATION_REUSE),
+        Caller::Serve => host,
+    }))
+}
+
 /// One converge of one proxy.
 pub struct ConvergeRequest<'a> {
     pub target: &'a Target,

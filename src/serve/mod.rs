@@ -36,8 +36,7 @@ use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::engine::DockerEngine;
-use crate::infrastructure::docker_host::DockerHost;
+use crate::infrastructure::Caller;
 use crate::layout::DEFAULT_STATE_DIR;
 use crate::metrics::Metrics;
 use crate::operations::{HostPolicy, Operations};
@@ -414,13 +413,10 @@ pub async fn run(opts: Options) -> Result<()> {
     let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
     let settings = opts.flags.over(&first.serve);
     let state = StateDir::open(&state_path)?;
-    let engine = DockerEngine::connect().await?;
-    let ops = Operations::new(Arc::new(DockerHost::new(
-        Arc::new(engine),
-        Arc::new(crate::admin::SocketConnector),
-        state.clone(),
-        opts.extra_labels.clone(),
-    )));
+    let ops = Operations::new(
+        crate::infrastructure::connect(state.clone(), opts.extra_labels.clone(), Caller::Serve)
+            .await?,
+    );
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         record: Arc::new(RecordStore {
