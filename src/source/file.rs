@@ -27,8 +27,8 @@ use crate::ir;
 
 pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
 pub use errors::{ConfigError, ConfigErrors};
-pub use serve::{parse_listen, ServeSection};
 pub use gateway::{read_ir_file, EnvoyGateway, MAX_IR_FILE_SIZE};
+pub use serve::{parse_listen, ServeSection};
 
 /// An IP address or a DNS name (no port); the message says what is allowed.
 pub fn check_host(s: &str) -> Result<(), String> {

@@ -199,7 +199,8 @@ impl Infrastructure for DockerHost {
         };
         // Only empty slots to fill, nothing to protect: validate while the replicas start, and
         // remove them again should Envoy refuse the config. Otherwise validation comes first.
-        let alongside = prepare.validate && actions.iter().all(|a| matches!(a, Action::Create { .. }));
+        let alongside =
+            prepare.validate && actions.iter().all(|a| matches!(a, Action::Create { .. }));
         if prepare.validate && !alongside {
             run.validate_target(target).await?;
             crate::crashpoint::reached("after-validate");

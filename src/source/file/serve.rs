@@ -17,7 +17,13 @@ use super::check::show;
 use super::doc::{self, Ctx, Tbl};
 use super::fields::duration;
 
-const KEYS: &[&str] = &["listen", "resync", "confirm_timeout", "watch", "engine_events"];
+const KEYS: &[&str] = &[
+    "listen",
+    "resync",
+    "confirm_timeout",
+    "watch",
+    "engine_events",
+];
 
 /// The default address of the status server: loopback only.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:9477";
