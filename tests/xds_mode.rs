@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use berth::admin::{Admin, ReadyState};
-use berth::engine::Engine;
+use berth::engine::{ContainerEngine, DockerEngine as Engine};
 use berth::layout;
 use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 use common::fleet::assert_no_failures;
@@ -114,6 +114,7 @@ impl Gateway {
 
     async fn berth(&self, args: &[&str], cert: &Path, key: &Path) -> Output {
         let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
+            .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
             .current_dir(self.dir.path())
             .arg("--state-dir")
             .arg(self.state())
@@ -155,7 +156,7 @@ impl Gateway {
     async fn replicas(&self) -> Vec<ObservedContainer> {
         let mut cs = self
             .engine
-            .observe_labelled(&self.cleanup.filter())
+            .observe(&self.cleanup.label_filter())
             .await
             .unwrap();
         cs.retain(|c| c.is_managed() && c.state == RunState::Running);
@@ -215,14 +216,14 @@ struct LiveWatch {
 impl LiveWatch {
     fn start(gw: &Gateway) -> LiveWatch {
         let seen: Seen = Arc::default();
-        let filter = gw.cleanup.filter();
+        let filter = gw.cleanup.label_filter();
         let state = gw.state();
         let out = seen.clone();
         let task =
             tokio::spawn(async move {
                 let engine = Engine::connect().await.unwrap();
                 loop {
-                    for c in engine.observe_labelled(&filter).await.unwrap_or_default() {
+                    for c in engine.observe(&filter).await.unwrap_or_default() {
                         if !c.is_managed() || c.state != RunState::Running {
                             continue;
                         }

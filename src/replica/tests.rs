@@ -726,7 +726,14 @@ fn validation_runs_with_the_replicas_args() {
     let mut p = proxy_infra("edge", 2, &[8080]);
     p.config.extra_args = vec!["--enable-core-dump".into()];
     let d = desired_of(&p);
-    let replica = ReplicaContainer::new(&d, 0, "berth-edge-0-abc", "sha256:x", Path::new("/s"));
+    let replica = ReplicaContainer::new(
+        &d,
+        0,
+        "berth-edge-0-abc",
+        "sha256:x",
+        Path::new("/s"),
+        &Default::default(),
+    );
     let validate = validation_args(&d.spec);
     let node = |args: &[String]| flag(args, "--service-node").map(str::to_string);
     assert_eq!(node(&replica.args).as_deref(), Some("berth-edge-0-abc"));

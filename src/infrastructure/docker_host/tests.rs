@@ -62,8 +62,9 @@ replicas = {replicas}
 [proxy.rollout]
 min_ready = "1s"
 startup_deadline = "30s"
-drain_timeout = "5s"
 on_failure = "{on_failure}"
+[proxy.shutdown]
+drain_timeout = "5s"
 [[proxy.listener]]
 name = "web"
 port = {PORT}
