@@ -86,7 +86,7 @@ pub fn unstamp(files: &BTreeMap<String, String>) -> BTreeMap<String, String> {
 /// The version a file is stamped with, if any.
 fn stamp_of(text: &str) -> Option<String> {
     let line = text.strip_prefix(VERSION_KEY)?.lines().next()?;
-    Some(line.trim().trim_matches('"').to_string())
+    Some(line.trim().trim_matches(['"', '\'']).to_string())
 }
 
 /// The generation the files are stamped with (the stamp of `lds.yaml`, else of any file).
@@ -307,9 +307,10 @@ fn union(old: &str, new: &str, version: &str) -> Option<Union> {
     }
     merged.extend(new);
     let mut doc = Mapping::new();
-    doc.insert("version_info".into(), Value::String(version.to_string()));
     doc.insert("resources".into(), Value::Sequence(merged));
-    serde_yaml::to_string(&doc).ok().map(Union::Removes)
+    let body = serde_yaml::to_string(&doc).ok()?;
+    // The stamp line as [`stamp`] writes it, so [`stamp_of`] reads it back the same.
+    Some(Union::Removes(format!("{VERSION_KEY} \"{version}\"\n{body}")))
 }
 
 /// Writes `files` (normally [`stamp`]ed) into the proxy's watched directory in
@@ -774,6 +775,7 @@ mod tests {
             .collect();
         assert_eq!(names, ["a", "b"]);
         assert_eq!(union["version_info"], "2.1");
+        assert_eq!(stamp_of(&stages[0].write[CDS_FILE]).as_deref(), Some("2.1"));
         assert_eq!(
             stages[1].write[RDS_FILE], to[RDS_FILE],
             "routes switch in one go"
