@@ -138,7 +138,8 @@ async fn backend_and_route_changes_through_up_serve_no_error() {
     assert_eq!(fleet.ids().await, before, "no container was replaced");
 }
 
-#[tokio::test]
+// Multi-threaded: waiting on serve's status blocks a thread, and must not stall the load.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
 async fn backend_and_route_changes_through_serve_serve_no_error() {
     ensure_images();
     let (a, b, c) = (
@@ -159,9 +160,11 @@ async fn backend_and_route_changes_through_serve_serve_no_error() {
     for (what, text) in changes(fleet.port, a.port, b.port, c.port) {
         let generation = serve.proxy(PROXY)["desiredGeneration"].as_u64().unwrap();
         std::fs::write(fleet.config(), text).unwrap();
-        serve.wait_for(what, Duration::from_secs(60), |s| {
-            let p = s.proxy(PROXY);
-            p["desiredGeneration"].as_u64() > Some(generation) && s.converged(PROXY, 2)
+        tokio::task::block_in_place(|| {
+            serve.wait_for(what, Duration::from_secs(60), |s| {
+                let p = s.proxy(PROXY);
+                p["desiredGeneration"].as_u64() > Some(generation) && s.converged(PROXY, 2)
+            })
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
