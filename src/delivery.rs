@@ -310,7 +310,9 @@ fn union(old: &str, new: &str, version: &str) -> Option<Union> {
     doc.insert("resources".into(), Value::Sequence(merged));
     let body = serde_yaml::to_string(&doc).ok()?;
     // The stamp line as [`stamp`] writes it, so [`stamp_of`] reads it back the same.
-    Some(Union::Removes(format!("{VERSION_KEY} \"{version}\"\n{body}")))
+    Some(Union::Removes(format!(
+        "{VERSION_KEY} \"{version}\"\n{body}"
+    )))
 }
 
 /// Writes `files` (normally [`stamp`]ed) into the proxy's watched directory in
