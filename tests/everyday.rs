@@ -206,17 +206,23 @@ async fn logs_interleave_replicas_and_follow_a_rollout() {
             }
         })
     };
-    s.image = NEW;
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let new: Vec<String> = fleet.replicas().await.into_iter().map(|c| c.name).collect();
-    assert!(new.iter().all(|n| !old.contains(n)), "{old:?} → {new:?}");
     let started = |name: &str| {
         seen.lock().unwrap().iter().any(|l| {
             l.starts_with(&format!("{name} ")) && l.contains("starting main dispatch loop")
         })
     };
-    let deadline = Instant::now() + Duration::from_secs(20);
+    // The follower is attached (it printed every old replica's start) before the rollout
+    // begins; otherwise a slow start on a loaded host could miss the old replicas entirely.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !old.iter().all(|n| started(n)) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    s.image = NEW;
+    fleet.write(&s);
+    fleet.up_ok().await;
+    let new: Vec<String> = fleet.replicas().await.into_iter().map(|c| c.name).collect();
+    assert!(new.iter().all(|n| !old.contains(n)), "{old:?} → {new:?}");
+    let deadline = Instant::now() + Duration::from_secs(30);
     while !new.iter().all(|n| started(n)) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
