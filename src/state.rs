@@ -94,15 +94,16 @@ impl StateDir {
     }
 
     /// Copies the proxy's TLS files into its state (readable only by the replica user for
-    /// keys), each by an atomic rename, so a renewed certificate reaches running replicas
-    /// through their directory mounts. Returns the files that changed.
+    /// keys), each by an atomic rename, so a renewed listener certificate reaches running
+    /// replicas through their directory mounts (the xDS client certificate's directory is
+    /// named by its contents instead: [`TlsFile::dir`]). Returns the files that changed.
     pub fn write_tls(&self, proxy: &str, files: &[TlsFile]) -> Result<Vec<String>> {
         let dirs = self.proxy(proxy);
         let mut changed = Vec::new();
         for f in files {
             let content = fs::read(&f.source)
                 .with_context(|| format!("cannot read TLS file {}", f.source.display()))?;
-            let dir = dirs.tls(&f.owner);
+            let dir = dirs.tls(&f.dir);
             create_dir(&dir, 0o755)?;
             let path = dir.join(f.file);
             if fs::read(&path).ok().as_deref() == Some(content.as_slice()) {

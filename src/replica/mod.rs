@@ -213,11 +213,17 @@ fn drain_time_secs(d: std::time::Duration) -> u64 {
 }
 
 /// One TLS file a proxy's replicas read: copied from `source` into the state directory's
-/// `tls/<owner>/<file>` and mounted at `layout::container_tls_file(owner, file)`.
+/// `tls/<dir>/<file>` and mounted at `layout::container_tls_file(owner, file)`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TlsFile {
     /// A listener name, or "xds" for the xDS client certificate.
     pub owner: String,
+    /// The directory under the state's `tls/`: the owner for a listener's files, whose
+    /// renewals reach running replicas in place; `xds-<sha>` of the contents for the xDS
+    /// client certificate, so a new one is a new spec that must get config from the xDS
+    /// server before it replaces a replica (a certificate the server does not trust would
+    /// otherwise reach every running replica, which then cannot reconnect).
+    pub dir: String,
     /// "cert.pem", "key.pem" or "ca.pem".
     pub file: &'static str,
     pub source: PathBuf,
@@ -227,6 +233,7 @@ pub struct TlsFile {
 pub fn tls_files(proxy: &ir::ProxyInfra) -> Vec<TlsFile> {
     let file = |owner: &str, file, source: &PathBuf| TlsFile {
         owner: owner.to_string(),
+        dir: owner.to_string(),
         file,
         source: source.clone(),
     };
@@ -242,12 +249,35 @@ pub fn tls_files(proxy: &ir::ProxyInfra) -> Vec<TlsFile> {
                 ]
             })
             .collect(),
-        ir::Routing::Xds(x) => vec![
-            file("xds", "ca.pem", &x.ca_file),
-            file("xds", "cert.pem", &x.cert_file),
-            file("xds", "key.pem", &x.key_file),
-        ],
+        ir::Routing::Xds(x) => {
+            let mut files = vec![
+                file("xds", "ca.pem", &x.ca_file),
+                file("xds", "cert.pem", &x.cert_file),
+                file("xds", "key.pem", &x.key_file),
+            ];
+            let dir = xds_tls_dir(&files);
+            for f in &mut files {
+                f.dir.clone_from(&dir);
+            }
+            files
+        }
     }
+}
+
+/// `xds-<first 12 hex of sha256>` over the files' contents (a file that cannot be read counts
+/// by its path: copying it fails later, naming it).
+fn xds_tls_dir(files: &[TlsFile]) -> String {
+    let mut all = Vec::new();
+    for f in files {
+        all.extend(f.file.as_bytes());
+        all.push(0);
+        match std::fs::read(&f.source) {
+            Ok(content) => all.extend(content),
+            Err(_) => all.extend(f.source.as_os_str().as_encoded_bytes()),
+        }
+        all.push(0);
+    }
+    format!("xds-{}", &sha256_hex(&all)[..12])
 }
 
 /// The desired state of one proxy's replicas.
@@ -318,10 +348,13 @@ pub fn desired_proxy(
     mounts.push(ro(dirs.xds(), layout::CONTAINER_XDS_DIR.into()));
     // TLS material is copied into the state directory (owned by the replica user) and mounted
     // as directories, so a renewed certificate replaced by rename reaches running replicas.
-    let owners: BTreeSet<String> = tls_files(proxy).into_iter().map(|f| f.owner).collect();
-    for owner in owners {
+    let owners: BTreeSet<(String, String)> = tls_files(proxy)
+        .into_iter()
+        .map(|f| (f.dir, f.owner))
+        .collect();
+    for (dir, owner) in owners {
         mounts.push(ro(
-            dirs.tls(&owner),
+            dirs.tls(&dir),
             format!("{}/{owner}", layout::CONTAINER_TLS_DIR),
         ));
     }

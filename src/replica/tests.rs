@@ -289,10 +289,15 @@ fn xds_mode_mounts_client_certs_and_the_sds_directory() {
             (m.source.as_path(), m.target.as_str())
         })
         .collect();
-    assert!(targets.contains(&(
-        Path::new("/var/lib/berth/proxies/gw/tls/xds"),
-        "/etc/berth/tls/xds"
-    )));
+    // The client certificate's directory is named by its contents (here: by the paths, which
+    // do not exist), so a new certificate is a new spec that goes through the gate.
+    let xds_dir = tls_files(&p)[0].dir.clone();
+    assert!(
+        xds_dir.starts_with("xds-") && xds_dir.len() == 16,
+        "{xds_dir}"
+    );
+    let source = PathBuf::from("/var/lib/berth/proxies/gw/tls").join(&xds_dir);
+    assert!(targets.contains(&(source.as_path(), "/etc/berth/tls/xds")));
     assert!(targets.iter().any(|(_, t)| *t == "/etc/berth/bootstrap"));
     // The watched directory holds the SDS files for the client certificate.
     assert!(targets.iter().any(|(_, t)| *t == "/etc/berth/xds"));
@@ -317,6 +322,30 @@ fn xds_mode_mounts_client_certs_and_the_sds_directory() {
             ),
         ]
     );
+}
+
+#[test]
+fn a_new_xds_client_certificate_is_a_new_spec() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut p = xds_proxy();
+    let Routing::Xds(x) = &mut p.routing else {
+        unreachable!()
+    };
+    for (f, name) in [
+        (&mut x.ca_file, "ca.pem"),
+        (&mut x.cert_file, "cert.pem"),
+        (&mut x.key_file, "key.pem"),
+    ] {
+        *f = dir.path().join(name);
+        std::fs::write(&*f, name).unwrap();
+    }
+    let before = desired_of(&p);
+    assert_eq!(desired_of(&p).hash, before.hash, "stable");
+    std::fs::write(dir.path().join("cert.pem"), "another certificate").unwrap();
+    let after = desired_of(&p);
+    assert_ne!(after.hash, before.hash);
+    // The old replicas keep their own directory; the new one gets its own.
+    assert_ne!(after.spec.mounts, before.spec.mounts);
 }
 
 // ---- the hash ----------------------------------------------------------------------------
