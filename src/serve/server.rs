@@ -140,6 +140,9 @@ pub struct ReplicaStatus {
     /// The generation this replica has confirmed: the version its Envoy accepted for every
     /// watched file, capped by the generation its container spec was first desired at.
     pub observed_generation: Option<u64>,
+    /// xDS mode: the version it accepted from the xDS server and the updates it rejected.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xds: Option<crate::status::xds::XdsConfig>,
 }
 
 async fn status(shared: &Shared) -> Result<ServeStatus> {
@@ -185,6 +188,7 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
                     } else {
                         r.observed_generation.zip(spec_gen).map(|(f, s)| f.min(s))
                     },
+                    xds: r.xds.clone(),
                 }
             })
             .collect();

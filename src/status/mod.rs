@@ -3,6 +3,7 @@
 //! are shown as.
 
 pub mod record;
+pub mod xds;
 
 use serde::Serialize;
 
@@ -29,6 +30,11 @@ pub struct ReplicaStatus {
     /// The config generation this replica has accepted (the `version_info` of its watched
     /// files, which `berth serve` stamps), when it reports one.
     pub observed_generation: Option<u64>,
+    /// xDS mode: the config version it accepted from the xDS server and the updates it
+    /// rejected, from its own stats ([`xds`]); None in standalone mode or when its admin
+    /// does not answer.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub xds: Option<xds::XdsConfig>,
 }
 
 /// A kubectl-style table of replicas.
@@ -43,6 +49,7 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
         "IMAGE",
         "SPEC",
         "GEN",
+        "XDS",
         "UPTIME",
         "CONNS",
     ];
@@ -62,6 +69,7 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
                 r.observed_generation
                     .map(|g| g.to_string())
                     .unwrap_or_else(dash),
+                r.xds.as_ref().map(|x| x.to_string()).unwrap_or_else(dash),
                 r.uptime_seconds.map(uptime).unwrap_or_else(dash),
                 r.connections.map(|c| c.to_string()).unwrap_or_else(dash),
             ]
@@ -71,6 +79,14 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
     for r in rows.iter().filter(|r| r.state == RunState::Running) {
         if let Some(reason) = &r.reason {
             out.push_str(&format!("\n{}: not ready: {reason}", r.container));
+        }
+        if let Some(x) = r.xds.as_ref().filter(|x| x.rejected > 0) {
+            out.push_str(&format!(
+                "\n{}: rejected {} xDS update(s) since it started ({}); its log says why",
+                r.container,
+                x.rejected,
+                x.rejecting.join(", ")
+            ));
         }
     }
     out

@@ -232,25 +232,37 @@ impl DockerHost {
             let proxy = c.proxy().unwrap_or("?").to_string();
             let admin = self.admin_of(c);
             let expect = self.expect_of(c, None);
-            let (readiness, envoy, connections, observed_generation) =
+            let xds_mode = c
+                .spec_hash()
+                .and_then(|h| self.state.read_spec(&proxy, h))
+                .is_some_and(|d| d.xds);
+            let (readiness, envoy, connections, observed_generation, xds) =
                 if c.state == RunState::Running {
                     let subs = subscriptions
                         .get(proxy.as_str())
                         .map_or(&[][..], Vec::as_slice);
-                    let (readiness, envoy, connections, generation) = tokio::join!(
+                    let (readiness, envoy, connections, generation, xds) = tokio::join!(
                         readiness::probe(admin.as_ref(), &expect),
                         admin.ready(),
                         admin.downstream_connections(),
                         delivery::observed_generation(admin.as_ref(), subs),
+                        async {
+                            if xds_mode {
+                                crate::status::xds::read(admin.as_ref()).await.ok()
+                            } else {
+                                None
+                            }
+                        },
                     );
                     (
                         Some(readiness),
                         envoy.map(|s| s.to_string()).unwrap_or_else(|_| "-".into()),
                         connections.ok(),
                         generation,
+                        xds,
                     )
                 } else {
-                    (None, "-".to_string(), None, None)
+                    (None, "-".to_string(), None, None, None)
                 };
             ReplicaStatus {
                 proxy,
@@ -269,6 +281,7 @@ impl DockerHost {
                 uptime_seconds: c.uptime_seconds(),
                 connections,
                 observed_generation,
+                xds,
             }
         });
         let mut rows = futures_util::future::join_all(rows).await;
