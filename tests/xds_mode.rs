@@ -385,3 +385,173 @@ async fn replicas_get_config_from_a_live_xds_server_and_roll_without_loss() {
     assert!(times.len() >= 4, "every replica's start → LIVE: {times:?}");
     assert_no_failures("the xDS-mode rollout", &report);
 }
+
+impl Gateway {
+    /// `berth status --output json`: the replica rows.
+    async fn status(&self) -> Vec<serde_json::Value> {
+        let out = self
+            .berth(
+                &["--output", "json", "status"],
+                &self.certs.client_cert(),
+                &self.certs.client_key(),
+            )
+            .await;
+        assert!(out.status.success(), "berth status failed");
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        json["replicas"].as_array().cloned().unwrap_or_default()
+    }
+
+    async fn up_and_serving(&self) -> Vec<ObservedContainer> {
+        self.write_ir(OLD_IMAGE, 2, "one");
+        let out = self.up().await;
+        assert!(out.status.success(), "berth up failed");
+        let cs = self.replicas().await;
+        assert_eq!(cs.len(), 2, "{cs:#?}");
+        wait_until(
+            "both nodes ACK their listeners",
+            Duration::from_secs(20),
+            || async { self.xds.nodes_acked_listeners().len() == 2 },
+        )
+        .await;
+        let (status, _, snapshot) = self.get("/").await.expect("a response");
+        assert_eq!((status, snapshot.as_deref()), (200, Some("v1")));
+        cs
+    }
+}
+
+/// Item 10: each replica's config status comes from its own stats: the version it accepted,
+/// and an update it rejected (a NACK, which EG never surfaces) shows as rejected.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn status_shows_the_accepted_version_and_a_rejected_update() {
+    use envoy_types::pb::envoy::config::cluster::v3::Cluster;
+    use envoy_types::pb::google::protobuf::Duration as PbDuration;
+
+    let gw = Gateway::start("xds-status").await;
+    let cs = gw.up_and_serving().await;
+    let rows = gw.status().await;
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    for r in &rows {
+        let x = &r["xds"];
+        assert_eq!(x["connected"], true, "{r:#}");
+        assert_eq!(
+            (x["listeners"].as_str(), x["clusters"].as_str()),
+            (Some("v1"), Some("v1")),
+            "{r:#}"
+        );
+        assert_eq!(x["rejected"], 0, "{r:#}");
+    }
+
+    // A snapshot with a cluster Envoy refuses (connect_timeout must be > 0): every replica
+    // NACKs it, keeps serving what it had, and its status says it rejected an update.
+    let mut bad = xds::eg_snapshot(
+        KEY,
+        LISTENER,
+        gw.port,
+        gw.backend_port,
+        gw.ready_port,
+        "v2-bad",
+        "v1",
+    );
+    bad.add(
+        xds::CLUSTER,
+        "bad",
+        &Cluster {
+            name: "bad".into(),
+            connect_timeout: Some(PbDuration {
+                seconds: -1,
+                nanos: 0,
+            }),
+            ..Default::default()
+        },
+    );
+    gw.xds.set(bad);
+    wait_until("both nodes NACK", Duration::from_secs(20), || async {
+        let nacked: std::collections::BTreeSet<String> =
+            gw.xds.nacks().into_iter().map(|(n, _)| n).collect();
+        cs.iter().all(|c| nacked.contains(&c.name))
+    })
+    .await;
+    let rows = gw.status().await;
+    for r in &rows {
+        let x = &r["xds"];
+        assert_eq!(
+            x["clusters"], "v1",
+            "the rejected version is not accepted: {r:#}"
+        );
+        assert!(x["rejected"].as_u64() >= Some(1), "{r:#}");
+        assert_eq!(
+            x["rejecting"],
+            serde_json::json!(["cluster_manager.cds"]),
+            "{r:#}"
+        );
+    }
+    let (status, _, _) = gw.get("/").await.expect("still serving");
+    assert_eq!(status, 200);
+    // The table says so too.
+    let out = gw
+        .berth(&["status"], &gw.certs.client_cert(), &gw.certs.client_key())
+        .await;
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains("XDS") && table.contains("v1, 1 rejected"),
+        "{table}"
+    );
+    assert!(table.contains("rejected 1 xDS update(s)"), "{table}");
+}
+
+/// Item 9: a rollout whose replicas cannot get config from the xDS server (a client
+/// certificate it does not trust) fails at the gate: the new replica never serves, the old
+/// ones are not touched and serve throughout, `berth up` exits non-zero and says why.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_untrusted_client_certificate_fails_the_rollout_and_the_old_replicas_keep_serving() {
+    let gw = Gateway::start("xds-untrusted").await;
+    let old = gw.up_and_serving().await;
+    let old_ids: Vec<String> = old.iter().map(|c| c.id.clone()).collect();
+
+    let load = Load::start(gw.port, "/", 16, Duration::from_secs(300));
+    wait_until("load flowing", Duration::from_secs(10), || async {
+        load.ok_so_far() > 100
+    })
+    .await;
+    // Only the client certificate changes: that is a new spec (its TLS directory is named by
+    // its contents), so it goes through the gate like a new image.
+    let started = Instant::now();
+    let out = gw
+        .berth(
+            &["up"],
+            &gw.certs.untrusted_cert(),
+            &gw.certs.untrusted_key(),
+        )
+        .await;
+    let took = started.elapsed();
+    let report = load.stop().await;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "berth up must fail");
+    assert!(
+        stderr.contains("did not become ready within the startup deadline")
+            && stderr.contains("PRE_INITIALIZING")
+            && stderr.contains("does it trust the client certificate"),
+        "a clear reason: {stderr}"
+    );
+
+    let now: Vec<String> = gw.replicas().await.into_iter().map(|c| c.id).collect();
+    assert_eq!(now, old_ids, "the old replicas were not touched");
+    for c in &old {
+        let admin = gw.admin(c);
+        assert!(matches!(admin.ready().await, Ok(ReadyState::Live)));
+    }
+    // The untrusted replica never got a stream to the server, so never any config.
+    let seen = gw.xds.nodes_seen();
+    assert!(
+        seen.iter().all(|n| old.iter().any(|c| &c.name == n)),
+        "only the old replicas reached the server: {seen:?}"
+    );
+    let (status, _, snapshot) = gw.get("/").await.expect("still serving");
+    assert_eq!((status, snapshot.as_deref()), (200, Some("v1")));
+    eprintln!(
+        "FIGURES: rollout with an untrusted client certificate refused in {:.1}s under load: {}",
+        took.as_secs_f64(),
+        report.summary()
+    );
+    assert_no_failures("the refused xDS-mode rollout", &report);
+}

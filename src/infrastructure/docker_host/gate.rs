@@ -194,6 +194,9 @@ impl Run<'_> {
             .gate(proxy, slot, &id, name, &desired.rollout, want)
             .await
         {
+            if desired.xds && f.gate == Gate::Ready {
+                f.reason.push_str(&self.xds_hint(proxy, name).await);
+            }
             // A replica that failed during the minimum ready time may already be serving:
             // drain it like any other before it goes.
             if let Ok(Some(s)) = self.engine.status(&id).await {
@@ -298,6 +301,22 @@ impl Run<'_> {
             }
         }
         Ok(())
+    }
+
+    /// Why an xDS-mode replica may not have initialised, from its own stats: Envoy's warn-level
+    /// log says nothing about an xDS server that refuses its client certificate.
+    async fn xds_hint(&self, proxy: &str, run_name: &str) -> String {
+        let admin = self.host.admin(proxy, run_name, ADMIN_TIMEOUT);
+        match crate::status::xds::read(admin.as_ref()).await {
+            Ok(x) if !x.connected => "; it has no stream to its xDS server: is the server \
+                reachable from this host, and does it trust the client certificate (and the \
+                replica the server's)?"
+                .to_string(),
+            Ok(_) => "; it is connected to its xDS server, which has not sent it listeners \
+                and clusters (does the server know this proxy's --service-cluster?)"
+                .to_string(),
+            Err(_) => String::new(),
+        }
     }
 
     /// Ok while the container runs its first process; otherwise what happened to it. A
