@@ -18,6 +18,7 @@ pub mod delivery;
 pub mod eg_provider;
 pub mod engine;
 pub mod envoy_log;
+pub mod exit;
 pub mod host;
 pub mod infrastructure;
 pub mod ir;

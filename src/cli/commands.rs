@@ -6,6 +6,8 @@ use anyhow::{bail, Context, Result};
 
 use super::settings::Resolved;
 use super::{BadInput, Cli, Command, Output};
+use crate::control::{self, ApplyRequest, Verb, Writer};
+use crate::lock::{Holder, Role};
 use crate::operations::HostPolicy;
 use crate::progress::Event;
 use crate::status;
@@ -115,8 +117,27 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// Takes the state directory for `role` (see [`crate::lock`]); with `delegate`, a serve that
+/// holds it is returned instead. Waiting is said once, on stderr, naming the holder.
+async fn writer(cli: &Cli, resolved: &Resolved, role: Role, delegate: bool) -> Result<Writer> {
+    let root = &resolved.state_dir;
+    control::writer(root, role, delegate, |holder| {
+        if !cli.quiet {
+            eprintln!("{}", control::waiting_message(root, holder));
+        }
+    })
+    .await
+}
+
 pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
     let resolved = Resolved::load(cli)?;
+    // Held until up returns: nothing else changes the state directory meanwhile.
+    let _lock = match writer(cli, &resolved, Role::Up, true).await? {
+        Writer::Locked(lock) => lock,
+        Writer::Serve { holder, client } => {
+            return up_through_serve(cli, &resolved, force, &holder, &client).await
+        }
+    };
     let ops = resolved.operations(cli, true).await?;
     let reporter = cli.reporter();
     let policy = HostPolicy {
@@ -180,9 +201,59 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
     Ok(())
 }
 
+/// `up` handed to the serve that holds the state directory: serve runs one pass of every
+/// proxy and streams its events; they are printed as `up` prints its own, and serve's verdict
+/// is up's (same text, same exit code).
+async fn up_through_serve(
+    cli: &Cli,
+    resolved: &Resolved,
+    force: bool,
+    holder: &Holder,
+    client: &control::Client,
+) -> Result<()> {
+    let root = resolved.state_dir.display();
+    if !cli.ir.is_empty() {
+        return Err(BadInput(format!(
+            "{holder} manages the state directory {root} from its config and does not take              --ir: list the IR files in [envoy_gateway] ir_files of that config, or stop serve"
+        ))
+        .into());
+    }
+    if !cli.quiet {
+        eprintln!("{holder} manages the state directory {root}: it runs this up");
+    }
+    let config = cli.config_path();
+    let request = ApplyRequest {
+        verb: Verb::Up,
+        config: std::path::absolute(&config).unwrap_or(config),
+        force,
+        labels: cli.container_labels(),
+    };
+    let reporter = cli.reporter();
+    let outcome = client.apply(&request, |e| reporter.event(e)).await?;
+    drop(reporter);
+    if outcome.exit_code != 0 {
+        return Err(crate::exit::Relayed {
+            code: outcome.exit_code,
+            text: outcome.error.unwrap_or_default(),
+        }
+        .into());
+    }
+    if cli.output == Output::Table && !cli.quiet {
+        let ops = resolved.operations(cli, false).await?;
+        let rows = ops.status(&resolved.names()).await?;
+        println!("{}", status::table(&rows));
+    }
+    Ok(())
+}
+
 pub(super) async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()> {
     use std::io::IsTerminal;
     let resolved = Resolved::load_optional(cli)?;
+    // serve would start the config's proxies again: down waits for it to stop instead.
+    let _lock = match writer(cli, &resolved, Role::Down, false).await? {
+        Writer::Locked(lock) => lock,
+        Writer::Serve { .. } => unreachable!("down never hands its request over"),
+    };
     let ops = resolved.operations(cli, false).await?;
     let mut proxies: BTreeSet<String> = resolved.names();
     proxies.extend(ops.owned().await?);
@@ -314,16 +385,4 @@ pub(super) async fn serve(cli: &Cli) -> Result<()> {
         },
     })
     .await
-}
-
-/// The exit code an error means: 2 for bad input (nothing was changed), 1 otherwise.
-pub(super) fn exit_code(e: &anyhow::Error) -> i32 {
-    if e.downcast_ref::<BadInput>().is_some()
-        || e.downcast_ref::<crate::source::file::ConfigErrors>()
-            .is_some()
-    {
-        2
-    } else {
-        1
-    }
 }

@@ -12,8 +12,6 @@ use std::path::PathBuf;
 use anyhow::Result;
 use clap::{Parser, Subcommand, ValueEnum};
 
-use crate::source::file::ConfigErrors;
-
 pub use settings::DEFAULT_CONFIG;
 
 const ABOUT: &str = "Runs Envoy proxy fleets as Docker containers: N replicas behind one host \
@@ -243,18 +241,9 @@ pub fn main() -> i32 {
     match runtime.block_on(run(cli)) {
         Ok(()) => 0,
         Err(e) => {
-            if let Some(bad) = e.downcast_ref::<BadInput>() {
-                eprintln!("error: {bad}; nothing was changed");
-            } else if let Some(errors) = e.downcast_ref::<ConfigErrors>() {
-                eprintln!("{errors}");
-                eprintln!(
-                    "error: {} problem(s) in the config; nothing was changed",
-                    errors.0.len()
-                );
-            } else {
-                eprintln!("error: {e:#}");
-            }
-            commands::exit_code(&e)
+            let (code, text) = crate::exit::report(&e);
+            eprintln!("{text}");
+            code
         }
     }
 }
@@ -290,7 +279,4 @@ pub async fn run(cli: Cli) -> Result<()> {
     }
 }
 
-/// Bad input that is not in the config file (an `--ir` file, an `--xds-*` flag): exit 2.
-#[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct BadInput(pub String);
+pub use crate::exit::BadInput;

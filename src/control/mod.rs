@@ -96,9 +96,13 @@ const WAIT_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
 /// What a waiting command tells the user.
 pub fn waiting_message(root: &Path, holder: Option<&Holder>) -> String {
     let who = holder.map_or_else(|| "another berth process".to_string(), Holder::to_string);
+    let until = match holder.map(|h| h.role) {
+        Some(Role::Serve) => "until it stops",
+        _ => "for it to finish",
+    };
     format!(
-        "{who} is changing the state directory {}; waiting for it to finish (Ctrl-C stops \
-         waiting, and changes nothing)",
+        "{who} is changing the state directory {}; waiting {until} (Ctrl-C stops waiting, \
+         and changes nothing)",
         root.display()
     )
 }

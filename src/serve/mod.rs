@@ -17,6 +17,7 @@
 //! running rollouts finish their current step and serve exits 0; the proxies keep running
 //! (they are not berth's children).
 
+mod api;
 mod config;
 pub mod eg_proxies;
 mod events;
@@ -118,13 +119,70 @@ pub struct Desired {
     pub epochs: BTreeMap<String, u64>,
 }
 
-/// How the last reconcile pass of a proxy ended, for remote requests waiting on it.
-#[derive(Debug, Clone)]
+/// How the last reconcile pass of a proxy ended, for the requests waiting on it (Envoy
+/// Gateway's, and `berth up` handed to serve).
+#[derive(Debug, Clone, Default)]
 pub struct PassOutcome {
     /// The epoch the pass read with its target.
     pub epoch: u64,
     /// None: success; else the error and whether it is worth retrying.
     pub error: Option<(String, bool)>,
+    /// A pass that ended without error but left the proxy short of what `up` promises: the
+    /// live update that failed, or the replicas that are not ready (outside xDS mode).
+    pub unfinished: Option<Unfinished>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Unfinished {
+    Delivery(String),
+    NotReady(String),
+}
+
+/// Who listens to the progress events of the passes of some proxies: a `berth up` handed to
+/// serve ([`api`]), from the epoch its request bumped.
+struct Watcher {
+    id: u64,
+    from: BTreeMap<String, u64>,
+    events: mpsc::UnboundedSender<crate::progress::Event>,
+}
+
+/// The watchers, shareable with a pass's progress hook.
+#[derive(Default)]
+pub struct Watchers {
+    list: Mutex<Vec<Watcher>>,
+    next: std::sync::atomic::AtomicU64,
+}
+
+impl Watchers {
+    /// Hands `event` of a pass of `proxy` that read `epoch` to those who asked for it.
+    pub fn forward(&self, proxy: &str, epoch: u64, event: &crate::progress::Event) {
+        let list = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        for w in list.iter() {
+            if w.from.get(proxy).is_some_and(|from| *from <= epoch) {
+                let _ = w.events.send(event.clone());
+            }
+        }
+    }
+
+    fn add(
+        &self,
+        from: BTreeMap<String, u64>,
+        events: mpsc::UnboundedSender<crate::progress::Event>,
+    ) -> u64 {
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.list
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Watcher { id, from, events });
+        id
+    }
+
+    fn remove(&self, id: u64) {
+        self.list
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .retain(|w| w.id != id);
+    }
 }
 
 /// A live update that failed, and when it may be tried again (None: after the next edit).
@@ -184,6 +242,8 @@ pub struct Shared {
     /// Proxy → the generation whose live update failed.
     pub rejected: Mutex<BTreeMap<String, Failed>>,
     pub triggers: mpsc::UnboundedSender<Trigger>,
+    /// Who follows the passes' progress events.
+    pub watchers: Arc<Watchers>,
 }
 
 impl Shared {
@@ -263,6 +323,51 @@ impl Shared {
         epoch: u64,
         cancel: &CancellationToken,
     ) -> Option<(String, bool)> {
+        match self.wait_outcome(name, epoch, cancel).await {
+            Some(o) => o.error,
+            None => Some((
+                "berth serve is shutting down; the next serve completes the change".into(),
+                true,
+            )),
+        }
+    }
+
+    /// Bumps the epoch of every proxy of `names` and hands the progress events of the passes
+    /// that read the new epochs (or later) to `events`, until [`Shared::unwatch`]. Returns the
+    /// epochs to wait for ([`Shared::wait_outcome`]) and the watcher's id.
+    pub fn watch(
+        &self,
+        names: &[String],
+        events: mpsc::UnboundedSender<crate::progress::Event>,
+    ) -> (BTreeMap<String, u64>, u64) {
+        // Under the lock a pass reads its epoch with: no pass can read the new epoch before
+        // the watcher is in place.
+        let mut d = self.desired.lock().unwrap_or_else(|e| e.into_inner());
+        let epochs: BTreeMap<String, u64> = names
+            .iter()
+            .map(|name| {
+                let e = d.epochs.entry(name.clone()).or_default();
+                *e += 1;
+                (name.clone(), *e)
+            })
+            .collect();
+        let id = self.watchers.add(epochs.clone(), events);
+        drop(d);
+        (epochs, id)
+    }
+
+    pub fn unwatch(&self, id: u64) {
+        self.watchers.remove(id);
+    }
+
+    /// Waits until a reconcile pass of `name` that read epoch `epoch` or later has ended, and
+    /// says how; None when serve is stopping first.
+    pub async fn wait_outcome(
+        &self,
+        name: &str,
+        epoch: u64,
+        cancel: &CancellationToken,
+    ) -> Option<PassOutcome> {
         loop {
             let notified = self.pass_done.notified();
             tokio::pin!(notified);
@@ -274,13 +379,11 @@ impl Shared {
                 .get(name)
                 .filter(|o| o.epoch >= epoch)
             {
-                return o.error.clone();
+                return Some(o.clone());
             }
             tokio::select! {
                 _ = notified => {}
-                _ = cancel.cancelled() => {
-                    return Some(("berth serve is shutting down; the next serve completes the change".into(), true));
-                }
+                _ = cancel.cancelled() => return None,
             }
         }
     }
@@ -390,6 +493,30 @@ fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
     Ok((config, targets))
 }
 
+/// Takes the state directory's lock for serve. Another serve holding it is an error (two
+/// managers of one state directory is a mistake to fix, not to wait out); an `up` or `down`
+/// holding it is waited for, said once.
+async fn take_lock(root: &std::path::Path, mode: Mode) -> Result<crate::lock::StateLock> {
+    use crate::lock::{Attempt, Role, StateLock};
+    let mut said = false;
+    loop {
+        match StateLock::try_acquire(root, Role::Serve)? {
+            Attempt::Locked(lock) => return Ok(lock),
+            Attempt::Held(Some(h)) if h.role == Role::Serve => anyhow::bail!(
+                "{h} already manages the state directory {}; stop it first (one serve per state directory)",
+                root.display()
+            ),
+            Attempt::Held(h) => {
+                if !said {
+                    log(mode, &crate::control::waiting_message(root, h.as_ref()));
+                    said = true;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
 /// A line on stderr (unless quiet) and in the tracing log.
 pub(crate) fn log(mode: Mode, line: &str) {
     tracing::info!("{line}");
@@ -412,6 +539,8 @@ pub async fn run(opts: Options) -> Result<()> {
     // Absolute: it is a bind-mount source and a container label.
     let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
     let settings = opts.flags.over(&first.serve);
+    // One writer per state directory: held until serve returns.
+    let mut lock = take_lock(&state_path, opts.mode).await?;
     let state = StateDir::open(&state_path)?;
     let ops = Operations::new(
         crate::infrastructure::connect(state.clone(), opts.extra_labels.clone(), Caller::Serve)
@@ -438,6 +567,7 @@ pub async fn run(opts: Options) -> Result<()> {
         busy: Mutex::new(BTreeMap::new()),
         rejected: Mutex::new(BTreeMap::new()),
         triggers: tx,
+        watchers: Arc::default(),
     });
     // Proxies Envoy Gateway asked an earlier serve for are desired before the first reconcile
     // (else they would look like leftovers and be removed).
@@ -510,6 +640,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let cancel = CancellationToken::new();
 
     // Bind before anything runs, so a port in use fails at once.
+    let api_socket = crate::control::socket_path(shared.state.root());
+    let api_listener = crate::control::bind(&api_socket)?;
     let listener = match settings.listen {
         Some(addr) => Some(
             tokio::net::TcpListener::bind(addr)
@@ -591,6 +723,15 @@ pub async fn run(opts: Options) -> Result<()> {
             }),
         ));
     }
+    components.push((
+        "local API",
+        Box::pin({
+            let api = Arc::new(api::Api::new(shared.clone(), cancel.clone()));
+            crate::control::serve(api_listener, api, cancel.clone())
+        }),
+    ));
+    // `berth up` finds serve's API here and hands its requests over from now on.
+    lock.advertise_api(&api_socket)?;
     log(
         opts.mode,
         &format!(

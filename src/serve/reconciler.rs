@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::scheduler::Action;
-use super::{log, Failed, PassOutcome, Shared};
+use super::{log, Failed, PassOutcome, Shared, Unfinished};
 use crate::infrastructure::{ConvergeError, ConvergeRequest, Converged, Delivery};
 use crate::progress::Reporter;
 use crate::status::record::{set_condition, RolloutRecord, DEGRADED, PROGRESSING, READY};
@@ -88,10 +88,10 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
         (wanted, d.epochs.get(name).copied().unwrap_or(0))
     };
     let result = match &wanted {
-        Some((target, generation)) => converge(shared, target, *generation, cancel)
+        Some((target, generation)) => converge(shared, target, *generation, epoch, cancel)
             .await
             .map(|c| Done::Converged(Box::new(c))),
-        None => remove(shared, name).await.map(|_| Done::Removed),
+        None => remove(shared, name, epoch).await.map(|_| Done::Removed),
     };
     let label = match &result {
         Ok(_) => "success",
@@ -132,10 +132,35 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
             error: result
                 .as_ref()
                 .err()
-                .map(|e| (e.to_string(), e.is_transient())),
+                .map(|e| (error_chain(e), e.is_transient())),
+            unfinished: match (&result, &wanted) {
+                (Ok(Done::Converged(c)), Some((target, _))) => unfinished(name, target, c),
+                _ => None,
+            },
         },
     );
     action
+}
+
+/// An error and its causes on one line, as `berth up` prints an error.
+fn error_chain(e: &ConvergeError) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text.push_str(&format!(": {s}"));
+        source = s.source();
+    }
+    text
+}
+
+/// What `berth up` would fail on after converging: a live update that failed, replicas not
+/// ready (outside xDS mode, where a replica waits for Envoy Gateway).
+fn unfinished(name: &str, target: &Target, c: &Converged) -> Option<Unfinished> {
+    if let Some(r) = c.delivery.failed() {
+        return Some(Unfinished::Delivery(r.to_string()));
+    }
+    (!c.readiness.all_ready() && !target.desired.xds)
+        .then(|| Unfinished::NotReady(format!("proxy {name}: {}", c.readiness)))
 }
 
 /// Whether the watched files of `generation` must stay as they are: a replica refused them
@@ -156,6 +181,7 @@ async fn converge(
     shared: &Shared,
     target: &Target,
     generation: u64,
+    epoch: u64,
     cancel: &CancellationToken,
 ) -> Result<Converged, ConvergeError> {
     let name = target.name();
@@ -176,7 +202,9 @@ async fn converge(
     let reporter = {
         let (shared_name, gen) = (name.to_string(), generation);
         let record = shared.record_handle();
+        let watchers = shared.watchers.clone();
         Reporter::new(shared.opts.mode).on_event(move |event| {
+            watchers.forward(&shared_name, epoch, event);
             // The first step that changes something marks the proxy as progressing.
             if matches!(
                 event.event.as_str(),
@@ -406,12 +434,15 @@ fn record_failure(shared: &Shared, name: &str, generation: u64, reason: &str, me
 
 /// A proxy no longer desired but with state here: drain and remove its replicas (each with
 /// its own spec's drain settings), then its state.
-async fn remove(shared: &Shared, name: &str) -> Result<usize, ConvergeError> {
+async fn remove(shared: &Shared, name: &str, epoch: u64) -> Result<usize, ConvergeError> {
     if !shared.state.proxies()?.iter().any(|p| p == name) {
         return Ok(0);
     }
     set_busy(shared, name, "removing");
-    let reporter = Reporter::new(shared.opts.mode);
+    let watchers = shared.watchers.clone();
+    let proxy = name.to_string();
+    let reporter = Reporter::new(shared.opts.mode)
+        .on_event(move |event| watchers.forward(&proxy, epoch, event));
     let n = shared.ops.remove(name, &reporter).await?;
     shared.update_record(|rec| {
         rec.proxies.remove(name);
