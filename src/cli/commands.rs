@@ -230,6 +230,9 @@ async fn up_through_serve(
     };
     let reporter = cli.reporter();
     let outcome = client.apply(&request, |e| reporter.event(e)).await?;
+    if let (Output::Json, Some(n)) = (cli.output, outcome.api_requests) {
+        reporter.event(Event::new("berth", "summary").message(format!("{n} docker api requests")));
+    }
     drop(reporter);
     if outcome.exit_code != 0 {
         return Err(crate::exit::Relayed {

@@ -146,6 +146,10 @@ pub struct Outcome {
     pub exit_code: i32,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The engine requests serve made while the request ran (`up --output json`'s summary;
+    /// other work of serve's in that time counts too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_requests: Option<u64>,
 }
 
 impl Outcome {
@@ -153,6 +157,7 @@ impl Outcome {
         Outcome {
             exit_code: 0,
             error: None,
+            api_requests: None,
         }
     }
 
@@ -160,6 +165,7 @@ impl Outcome {
         Outcome {
             exit_code,
             error: Some(error.into()),
+            api_requests: None,
         }
     }
 }

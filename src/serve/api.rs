@@ -93,6 +93,7 @@ impl Handler for Api {
             "berth up handed its request over: one pass of every proxy",
         );
         let names = proxies(shared);
+        let calls = shared.ops.infra.api_calls();
         let (epochs, watcher) = shared.watch(&names, events);
         for name in &names {
             shared.trigger(Trigger::Proxy(name.clone(), "up"));
@@ -112,7 +113,12 @@ impl Handler for Api {
             }
         }
         shared.unwatch(watcher);
-        summarize(&outcomes)
+        let mut outcome = summarize(&outcomes);
+        // As `up`, which counts only when every proxy converged.
+        if outcomes.iter().all(|(_, o)| o.error.is_none()) {
+            outcome.api_requests = Some(shared.ops.infra.api_calls().saturating_sub(calls));
+        }
+        outcome
     }
 }
 
@@ -209,6 +215,27 @@ mod tests {
             error: error.map(|e| (e.to_string(), false)),
             unfinished,
         }
+    }
+
+    #[test]
+    fn a_watcher_gets_the_events_of_the_passes_it_asked_for() {
+        let watchers = super::super::Watchers::default();
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let from = [("a".to_string(), 3), ("b".to_string(), 1)].into();
+        let id = watchers.add(from, tx);
+        let event = |p: &str, what: &str| Event::new(p, what);
+        watchers.forward("a", 2, &event("a", "older pass"));
+        watchers.forward("a", 3, &event("a", "ours"));
+        watchers.forward("a", 4, &event("a", "later"));
+        watchers.forward("b", 1, &event("b", "ours"));
+        watchers.forward("c", 9, &event("c", "not asked for"));
+        watchers.remove(id);
+        watchers.forward("a", 5, &event("a", "after the request"));
+        let mut got = Vec::new();
+        while let Ok(e) = rx.try_recv() {
+            got.push(format!("{} {}", e.proxy, e.event));
+        }
+        assert_eq!(got, ["a ours", "a later", "b ours"]);
     }
 
     #[test]
