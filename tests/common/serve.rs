@@ -105,6 +105,23 @@ impl Serve {
         }
     }
 
+    /// Every sample of the counter or gauge `name` on /metrics, by its label set as written
+    /// (`source="docker"`; empty without labels).
+    pub fn samples(&self, name: &str) -> std::collections::BTreeMap<String, f64> {
+        let (code, text) = self.get("/metrics").expect("GET /metrics");
+        assert_eq!(code, 200, "{text}");
+        text.lines()
+            .filter_map(|l| {
+                let rest = l.strip_prefix(name)?;
+                let (labels, value) = match rest.strip_prefix('{') {
+                    Some(r) => r.split_once("} ")?,
+                    None => ("", rest.strip_prefix(' ')?),
+                };
+                Some((labels.to_string(), value.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
     /// The proxy has `n` replicas of its desired generation, all LIVE, and Ready is True.
     pub fn converged(&self, name: &str, n: usize) -> bool {
         let p = self.proxy(name);
