@@ -207,7 +207,10 @@ fn replicas_and_serve_survive_an_engine_restart() {
             events.keys().any(|k| k.contains("destroy")),
             "the engine's event stream reported the removal: {events:?}"
         );
-        assert!(by.contains_key("docker"), "an engine event triggered: {by:?}");
+        assert!(
+            by.contains_key("docker"),
+            "an engine event triggered: {by:?}"
+        );
         attempts.push(by.clone());
         if by.keys().all(|k| k == "docker") {
             break;
