@@ -134,7 +134,6 @@ async fn backend_and_route_changes_through_up_serve_no_error() {
     let report = load.stop().await;
     eprintln!("live route changes through up: {}", report.summary());
     assert_no_failures("backend and route changes through up", &report);
-    assert!(report.ok > 1000, "{}", report.summary());
     assert_eq!(fleet.ids().await, before, "no container was replaced");
 }
 
@@ -171,7 +170,6 @@ async fn backend_and_route_changes_through_serve_serve_no_error() {
     let report = load.stop().await;
     eprintln!("live route changes through serve: {}", report.summary());
     assert_no_failures("backend and route changes through serve", &report);
-    assert!(report.ok > 1000, "{}", report.summary());
     assert_eq!(fleet.ids().await, before, "no container was replaced");
     // The last change is what serves.
     let body = reqwest_like(fleet.port, "/").await;

@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 //! A keep-alive HTTP load generator for 127.0.0.1 that counts every failed request and the
 //! longest time without a successful response. Bounded: it stops when told, or at `max_time`.
+//! [`assert_no_failures`] is the one check every test under load makes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -12,12 +13,24 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpStream;
 use tokio::task::JoinHandle;
 
+/// A request (connect included) that takes longer fails: a stall that ends in a 200 is a stall.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// The longest stretch without a successful response that [`assert_no_failures`] accepts.
+pub const MAX_GAP: Duration = Duration::from_secs(1);
+/// The fewest successful requests per second and connection [`assert_no_failures`] accepts:
+/// far below what a direct response on 127.0.0.1 sustains even on a busy 2-core host, so it
+/// only fails when connections sat idle or stalled.
+pub const MIN_RATE_PER_CONNECTION: f64 = 10.0;
+
 #[derive(Debug, Clone, Default)]
 pub struct LoadReport {
     pub ok: u64,
-    /// Connect errors, broken connections mid-request, non-2xx answers.
+    /// Connect errors, broken connections mid-request, non-2xx answers, timeouts.
     pub failed: u64,
     pub non_2xx: u64,
+    /// Requests that got no complete answer within [`REQUEST_TIMEOUT`] (also in `failed`).
+    pub timeouts: u64,
+    pub connections: usize,
     pub errors: Vec<String>,
     /// The longest stretch with no successful response, across all connections.
     pub longest_gap: Duration,
@@ -27,15 +40,43 @@ pub struct LoadReport {
 impl LoadReport {
     pub fn summary(&self) -> String {
         format!(
-            "{} ok, {} failed ({} non-2xx), longest gap {:?}, over {:.1}s; first errors: {:?}",
+            "{} ok, {} failed ({} non-2xx, {} timeouts), longest gap {:?}, over {:.1}s on {} connections; first errors: {:?}",
             self.ok,
             self.failed,
             self.non_2xx,
+            self.timeouts,
             self.longest_gap,
             self.elapsed.as_secs_f64(),
+            self.connections,
             &self.errors[..self.errors.len().min(5)]
         )
     }
+
+    /// The fewest successful requests this run must have: [`MIN_RATE_PER_CONNECTION`] per
+    /// second and connection.
+    pub fn min_ok(&self) -> u64 {
+        (self.elapsed.as_secs_f64() * self.connections as f64 * MIN_RATE_PER_CONNECTION) as u64
+    }
+}
+
+/// No request failed or timed out, no stretch without a success was longer than [`MAX_GAP`],
+/// and the load ran at least [`LoadReport::min_ok`] requests.
+pub fn assert_no_failures(what: &str, report: &LoadReport) {
+    eprintln!("{what}: {}", report.summary());
+    assert_eq!(report.failed, 0, "{what}: {}", report.summary());
+    assert!(
+        report.longest_gap <= MAX_GAP,
+        "{what}: no successful response for {:?} (at most {MAX_GAP:?}): {}",
+        report.longest_gap,
+        report.summary()
+    );
+    assert!(
+        report.ok >= report.min_ok(),
+        "{what}: the load barely ran ({} ok, at least {} expected): {}",
+        report.ok,
+        report.min_ok(),
+        report.summary()
+    );
 }
 
 struct Shared {
@@ -43,6 +84,7 @@ struct Shared {
     ok: AtomicU64,
     failed: AtomicU64,
     non_2xx: AtomicU64,
+    timeouts: AtomicU64,
     errors: Mutex<Vec<String>>,
     last_ok: Mutex<Instant>,
     longest_gap: Mutex<Duration>,
@@ -52,6 +94,7 @@ pub struct Load {
     shared: Arc<Shared>,
     tasks: Vec<JoinHandle<()>>,
     started: Instant,
+    connections: usize,
 }
 
 impl Load {
@@ -63,6 +106,7 @@ impl Load {
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             non_2xx: AtomicU64::new(0),
+            timeouts: AtomicU64::new(0),
             errors: Mutex::new(Vec::new()),
             last_ok: Mutex::new(now),
             longest_gap: Mutex::new(Duration::ZERO),
@@ -79,6 +123,7 @@ impl Load {
             shared,
             tasks,
             started: now,
+            connections,
         }
     }
 
@@ -99,6 +144,8 @@ impl Load {
             ok: s.ok.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
             non_2xx: s.non_2xx.load(Ordering::Relaxed),
+            timeouts: s.timeouts.load(Ordering::Relaxed),
+            connections: self.connections,
             errors: s.errors.lock().unwrap().clone(),
             longest_gap: longest,
             elapsed: self.started.elapsed(),
@@ -125,28 +172,52 @@ fn record_failure(shared: &Shared, what: String) {
     }
 }
 
+fn record_timeout(shared: &Shared, what: &str) {
+    shared.timeouts.fetch_add(1, Ordering::Relaxed);
+    record_failure(
+        shared,
+        format!("{what}: no answer within {REQUEST_TIMEOUT:?}"),
+    );
+}
+
+/// Opens a keep-alive HTTP/1.1 connection, within [`REQUEST_TIMEOUT`].
+async fn connect(
+    port: u16,
+    shared: &Shared,
+) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
+    let open = async {
+        let stream = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let _ = stream.set_nodelay(true);
+        hyper::client::conn::http1::handshake(TokioIo::new(stream))
+            .await
+            .map_err(|e| format!("handshake: {e}"))
+    };
+    match tokio::time::timeout(REQUEST_TIMEOUT, open).await {
+        Err(_) => {
+            record_timeout(shared, "connect");
+            None
+        }
+        Ok(Err(e)) => {
+            record_failure(shared, e);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            None
+        }
+        Ok(Ok((sender, conn))) => {
+            tokio::spawn(async move {
+                let _ = conn.await;
+            });
+            Some(sender)
+        }
+    }
+}
+
 async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant) {
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let stream = match TcpStream::connect(("127.0.0.1", port)).await {
-            Ok(s) => s,
-            Err(e) => {
-                record_failure(&shared, format!("connect: {e}"));
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                continue;
-            }
+        let Some(mut sender) = connect(port, &shared).await else {
+            continue;
         };
-        let _ = stream.set_nodelay(true);
-        let (mut sender, conn) =
-            match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
-                Ok(pair) => pair,
-                Err(e) => {
-                    record_failure(&shared, format!("handshake: {e}"));
-                    continue;
-                }
-            };
-        tokio::spawn(async move {
-            let _ = conn.await;
-        });
         while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
             if sender.ready().await.is_err() {
                 // The server closed the connection between requests (after `connection:
@@ -157,27 +228,42 @@ async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant)
                 .header("host", "localhost")
                 .body(Empty::<Bytes>::new())
                 .expect("valid request");
-            match sender.send_request(request).await {
-                Ok(response) => {
-                    let status = response.status();
-                    let close = response
-                        .headers()
-                        .get("connection")
-                        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
-                    match response.into_body().collect().await {
-                        Ok(_) if status.is_success() => record_ok(&shared),
-                        Ok(_) => {
-                            shared.non_2xx.fetch_add(1, Ordering::Relaxed);
-                            record_failure(&shared, format!("status {status}"));
-                        }
-                        Err(e) => record_failure(&shared, format!("body: {e}")),
+            let exchange = async {
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .map_err(|e| format!("request: {e}"))?;
+                let status = response.status();
+                let close = response
+                    .headers()
+                    .get("connection")
+                    .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
+                response
+                    .into_body()
+                    .collect()
+                    .await
+                    .map_err(|e| format!("body: {e}"))?;
+                Ok::<_, String>((status, close))
+            };
+            match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
+                Ok(Ok((status, close))) => {
+                    if status.is_success() {
+                        record_ok(&shared);
+                    } else {
+                        shared.non_2xx.fetch_add(1, Ordering::Relaxed);
+                        record_failure(&shared, format!("status {status}"));
                     }
                     if close {
                         continue 'connection;
                     }
                 }
-                Err(e) => {
-                    record_failure(&shared, format!("request: {e}"));
+                Ok(Err(e)) => {
+                    record_failure(&shared, e);
+                    continue 'connection;
+                }
+                Err(_) => {
+                    // The connection may still deliver the late answer: drop it.
+                    record_timeout(&shared, "request");
                     continue 'connection;
                 }
             }
