@@ -22,13 +22,14 @@ use common::load::Load;
 
 const N: usize = 3;
 
-/// Samples the number of LIVE replicas every 50 ms; keeps the minimum.
-fn sample_ready(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<usize> {
+/// Samples the number of LIVE replicas every 50 ms; returns the minimum and the sample count.
+fn sample_ready(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle<(usize, usize)> {
     let filter = fleet.cleanup.label_filter();
     let state = fleet.state();
     tokio::spawn(async move {
         let engine = DockerEngine::connect().await.unwrap();
         let min = AtomicUsize::new(usize::MAX);
+        let mut samples = 0;
         while !stop.load(Ordering::Relaxed) {
             let cs = engine.observe(&filter).await.unwrap_or_default();
             let mut live = 0;
@@ -40,9 +41,10 @@ fn sample_ready(fleet: &Fleet, stop: Arc<AtomicBool>) -> tokio::task::JoinHandle
                 }
             }
             min.fetch_min(live, Ordering::Relaxed);
+            samples += 1;
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        min.into_inner()
+        (min.into_inner(), samples)
     })
 }
 
@@ -97,15 +99,23 @@ async fn assert_recovered(fleet: &Fleet, version: &str, step: &str) -> Vec<Obser
 async fn assert_served_throughout(
     what: &str,
     stop: Arc<AtomicBool>,
-    sampler: tokio::task::JoinHandle<usize>,
+    sampler: tokio::task::JoinHandle<(usize, usize)>,
     load: Load,
 ) {
     stop.store(true, Ordering::Relaxed);
-    let min_ready = sampler.await.unwrap();
+    let (min_ready, samples) = sampler.await.unwrap();
     let report = load.stop().await;
     eprintln!(
-        "fewest ready replicas sampled: {min_ready}; load: {}",
+        "fewest ready replicas in {samples} samples: {min_ready}; load: {}",
         report.summary()
+    );
+    // One sample per 50 ms plus the probes (about 4 a second here): one a second is a floor
+    // that only a stuck or failing sampler misses.
+    let floor = report.elapsed.as_secs_f64() as usize;
+    assert!(
+        samples >= floor.max(1),
+        "the readiness sampler took only {samples} samples over {:?}",
+        report.elapsed
     );
     assert!(
         min_ready >= N - 1,
