@@ -1,7 +1,9 @@
 //! Template injection corpus (issue 7 §5): hostile strings in every user field that reaches a
-//! rendered Envoy file. Each either fails validation with a positioned error naming the field,
-//! or renders files whose YAML has exactly the keys a benign twin renders (same structure,
-//! plain value of the same length), with the hostile string read back verbatim where it lands.
+//! rendered Envoy file. Each either fails validation with positioned errors that all name that
+//! field, or renders files whose YAML has exactly the keys a benign twin renders (same
+//! structure, plain value of the same length), with the hostile string read back verbatim as a
+//! YAML string where it lands. Every field renders at least one hostile value, so none passes
+//! by refusing everything.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -33,33 +35,92 @@ const HOSTILE: &[&str] = &[
     "nul\0byte",
     "\u{2028}line separator",
     "é",
+    // YAML scalars that are not strings when unquoted, and pass a strict name syntax.
+    "null",
+    "true",
+    "no",
+    "off",
+    "1e3",
+    "0x1f",
+    "0o17",
+    "007",
+    "1_000",
+    "-.inf",
 ];
 
-/// Fields that end up in rendered files, as (name, template line to put the value in).
-const FIELDS: &[(&str, &str)] = &[
-    ("proxy name", "name"),
-    ("listener name", "listener"),
-    ("virtual host name", "vhost"),
-    ("domain", "domain"),
-    ("header name", "hname"),
-    ("header value", "hvalue"),
-    ("path prefix", "prefix"),
-    ("exact path", "exact"),
-    ("direct response body", "body"),
-    ("redirect host", "rhost"),
-    ("redirect path", "rpath"),
-    ("backend name", "backend"),
-    ("endpoint host", "endpoint"),
-    ("label value", "label"),
-];
+const ROUTE: &str = "proxy[0].listener[0].virtual_host[0].route";
 
-fn q(s: &str) -> String {
-    toml::Value::String(s.to_string()).to_string()
+/// Fields that end up in rendered files: (name, template key to put the value in, the config
+/// paths a refusal of a hostile value may name). (Labels are not here: they go to the
+/// container, never to a rendered file.)
+fn fields() -> Vec<(&'static str, &'static str, Vec<String>)> {
+    let route = |i: usize, rest: &str| format!("{ROUTE}[{i}].{rest}");
+    vec![
+        ("proxy name", "name", vec!["proxy[0].name".into()]),
+        (
+            "listener name",
+            "listener",
+            vec!["proxy[0].listener[0].name".into()],
+        ),
+        (
+            "virtual host name",
+            "vhost",
+            vec!["proxy[0].listener[0].virtual_host[0].name".into()],
+        ),
+        (
+            "domain",
+            "domain",
+            vec!["proxy[0].listener[0].virtual_host[0].domains[0]".into()],
+        ),
+        ("header name", "hname", vec![route(0, "headers")]),
+        ("header value", "hvalue", vec![route(0, "headers")]),
+        ("path prefix", "prefix", vec![route(0, "path_prefix")]),
+        ("exact path", "exact", vec![route(1, "path")]),
+        (
+            "direct response body",
+            "body",
+            vec![route(1, "direct_response.body")],
+        ),
+        ("redirect host", "rhost", vec![route(2, "redirect.host")]),
+        ("redirect path", "rpath", vec![route(2, "redirect.path")]),
+        (
+            "backend name",
+            "backend",
+            vec!["proxy[0].backend[0].name".into(), route(0, "backend")],
+        ),
+        (
+            "endpoint host",
+            "endpoint",
+            vec!["proxy[0].backend[0].endpoints[0]".into()],
+        ),
+    ]
 }
 
+/// A single-line TOML basic string (escapes, never a multi-line string), so that every hostile
+/// value parses as TOML, also as a key, and reaches berth's own validation.
+fn q(s: &str) -> String {
+    let mut out = String::from("\"");
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04X}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// The config with `value` in `field`; a path gets a leading `/` (a path without one is refused
+/// for that alone), an endpoint host its port.
 fn config(field: &str, value: &str) -> String {
     let v = |f: &str, default: &str| {
-        if f == field {
+        if f == field && ["prefix", "exact", "rpath"].contains(&f) {
+            format!("/{value}")
+        } else if f == field {
             value.to_string()
         } else {
             default.to_string()
@@ -69,7 +130,6 @@ fn config(field: &str, value: &str) -> String {
         r#"[[proxy]]
 name = {name}
 image = "berth-test/envoy:1.40.0"
-labels = {{ team = {label} }}
 [[proxy.listener]]
 name = {listener}
 port = 18080
@@ -91,7 +151,6 @@ name = {backend}
 endpoints = [{endpoint}]
 "#,
         name = q(&v("name", "edge")),
-        label = q(&v("label", "web")),
         listener = q(&v("listener", "web")),
         vhost = q(&v("vhost", "main")),
         domain = q(&v("domain", "example.com")),
@@ -176,7 +235,8 @@ fn render(text: &str) -> Result<Rendered, file::ConfigErrors> {
 fn hostile_values_are_refused_or_rendered_inert() {
     let mut refused = 0;
     let mut rendered_inert = 0;
-    for (what, field) in FIELDS {
+    for (what, field, paths) in fields() {
+        let mut inert_here = 0;
         for hostile in HOSTILE.iter().map(|s| s.to_string()).chain([
             "x".repeat(70_000),
             format!("long {}", "{{ y }}".repeat(3000)),
@@ -185,18 +245,24 @@ fn hostile_values_are_refused_or_rendered_inert() {
             match render(&text) {
                 Err(errors) => {
                     refused += 1;
-                    for e in &errors.0 {
-                        assert!(e.line >= 1 && e.column >= 1, "{what}: unpositioned {e:?}");
-                        assert!(!e.message.is_empty(), "{what}: empty message");
-                    }
                     let shown = errors.to_string();
                     assert!(
                         shown.contains("injection.toml:"),
                         "{what}: errors name the file: {shown}"
                     );
+                    for e in &errors.0 {
+                        assert!(e.line >= 1 && e.column >= 1, "{what}: unpositioned {e:?}");
+                        assert!(!e.message.is_empty(), "{what}: empty message");
+                        assert!(
+                            paths.iter().any(|p| e.field.starts_with(p.as_str())),
+                            "{what} = {hostile:?}: the refusal names {:?}, not the hostile field ({paths:?}): {shown}",
+                            e.field
+                        );
+                    }
                 }
                 Ok(got) => {
                     rendered_inert += 1;
+                    inert_here += 1;
                     let twin_value: String = "a".repeat(hostile.chars().count().max(1));
                     let twin = render(&config(field, &twin_value)).unwrap_or_else(|e| {
                         panic!("{what}: the benign twin {twin_value:?} must be accepted: {e}")
@@ -205,17 +271,20 @@ fn hostile_values_are_refused_or_rendered_inert() {
                         got.keys, twin.keys,
                         "{what} = {hostile:?} changed the rendered keys"
                     );
-                    if *field != "label" {
-                        assert!(
-                            got.strings.iter().any(|s| s.contains(hostile.as_str())),
-                            "{what} = {hostile:?} does not read back verbatim"
-                        );
-                    }
+                    assert!(
+                        got.strings.iter().any(|s| s.contains(hostile.as_str())),
+                        "{what} = {hostile:?} does not read back verbatim"
+                    );
                 }
             }
         }
+        // A field whose every hostile value is refused says nothing about rendering.
+        assert!(
+            inert_here >= 1,
+            "{what}: no hostile value was rendered, so none was shown inert in a file"
+        );
     }
-    eprintln!("{refused} refused with positioned errors, {rendered_inert} rendered inert");
+    eprintln!("{refused} refused naming the field, {rendered_inert} rendered inert and read back");
     // Both outcomes must occur, or the corpus is not testing what it claims.
     assert!(refused > 50, "refused only {refused}");
     assert!(rendered_inert > 10, "rendered only {rendered_inert}");
