@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use common::fleet::*;
 use common::serve::Serve;
+use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// `berth <args>` on the fleet's config and state directory, with the test's labels.
 fn berth(fleet: &Fleet, args: &[&str]) -> tokio::process::Command {
@@ -118,7 +119,11 @@ async fn up_during_serve_is_handed_to_serve_and_converges_once_under_load() {
     assert_eq!(count_events(&out, "replacing"), 2);
     assert_eq!(count_events(&out, "rolled-back"), 0);
     assert_eq!(count_events(&out, "failed"), 0);
-    assert_eq!(count_events(&out, "summary"), 1, "as a local up --output json ends");
+    assert_eq!(
+        count_events(&out, "summary"),
+        1,
+        "as a local up --output json ends"
+    );
     assert_no_failures("up handed to serve", &report);
     fleet.assert_serving(2, "1.40.0").await;
     let after = fleet.ids().await;
@@ -164,6 +169,44 @@ async fn up_during_serve_is_handed_to_serve_and_converges_once_under_load() {
         assert!(!log.contains(bad), "serve's log says {bad:?}:\n{log}");
     }
     assert!(serve.converged(PROXY, 2), "{}", serve.status());
+
+    // `down` does not hand its request over (serve would start the proxies again): it waits
+    // for serve to stop, saying so, and changes nothing meanwhile.
+    let mut down = berth(&fleet, &["down"]).spawn().unwrap();
+    let mut lines = BufReader::new(down.stderr.take().unwrap()).lines();
+    let said = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await.unwrap() {
+            if line.contains("waiting") {
+                return line;
+            }
+        }
+        panic!("down ended without saying it waits");
+    })
+    .await
+    .expect("down neither waited nor ended");
+    assert!(
+        said.contains(&format!(
+            "berth serve (pid {serve_pid}) is changing the state directory"
+        )) && said.contains("until it stops"),
+        "{said}"
+    );
+    assert_eq!(fleet.ids().await, after);
+    down.kill().await.unwrap();
+
+    // A second serve on the same state directory refuses to start, naming the first.
+    let second = tokio::time::timeout(
+        Duration::from_secs(60),
+        berth(&fleet, &["serve", "--listen", "off", "--no-watch"]).output(),
+    )
+    .await
+    .expect("a second serve neither refused nor ended")
+    .unwrap();
+    show("a second serve", &second);
+    assert_eq!(second.status.code(), Some(1));
+    assert!(stderr(&second).contains(&format!(
+        "berth serve (pid {serve_pid}) already manages the state directory"
+    )));
+    assert_eq!(lock_record(&fleet), Some((serve_pid, "serve".into())));
 }
 
 /// A failing `up` handed to serve ends as a local one: the same exit code and error, after

@@ -230,6 +230,11 @@ async fn up_through_serve(
     };
     let reporter = cli.reporter();
     let outcome = client.apply(&request, |e| reporter.event(e)).await?;
+    for line in &outcome.notes {
+        if !(cli.quiet && line.starts_with("warning:")) {
+            eprintln!("{line}");
+        }
+    }
     if let (Output::Json, Some(n)) = (cli.output, outcome.api_requests) {
         reporter.event(Event::new("berth", "summary").message(format!("{n} docker api requests")));
     }

@@ -102,6 +102,10 @@ pub enum Command {
     /// Writes the rendered files into the state directory, pulls images, validates new
     /// configs with `envoy --mode validate`, then creates, starts or replaces replicas one at a
     /// time, each gated on /ready, and drains and removes what is no longer wanted.
+    ///
+    /// One writer per state directory: when `berth serve` manages it, serve runs the request
+    /// (one pass of every proxy) and up prints its events and ends with its verdict and exit
+    /// code; when another up or down runs, up waits for it, naming its pid.
     Up {
         /// Start even when the fleet's memory limits exceed the host's memory.
         #[arg(long)]
@@ -112,7 +116,8 @@ pub enum Command {
     /// Only containers carrying berth's managed-by label are touched. Without a config file
     /// (no -f and no ./berth.toml) and without PROXY, down would remove every proxy of the
     /// state directory: it then says what it would remove and refuses unless --all is given
-    /// (on a terminal it asks instead).
+    /// (on a terminal it asks instead). While another berth changes the state directory
+    /// (`berth serve` for its whole life), down waits for it, naming its pid.
     Down {
         /// Only this proxy.
         proxy: Option<String>,
@@ -186,6 +191,10 @@ pub enum Command {
     /// changes live with every replica confirming them, and serves /healthz, /status and
     /// /metrics. On SIGTERM or SIGINT the current rollout step finishes and serve exits 0; the
     /// proxies keep running.
+    ///
+    /// serve holds the state directory's lock (berth.lock) for its life and answers `berth up`
+    /// on a local socket (serve.sock); it refuses to start while another serve holds it, and
+    /// waits for a running up or down.
     Serve {
         /// Address of the status server (/healthz, /status, /metrics), or "off"
         /// [default: [serve] listen, else 127.0.0.1:9477].

@@ -150,6 +150,9 @@ pub struct Outcome {
     /// other work of serve's in that time counts too).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub api_requests: Option<u64>,
+    /// Lines `up` prints on stderr beside its verdict ("warning: …", "note: …").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 impl Outcome {
@@ -158,6 +161,7 @@ impl Outcome {
             exit_code: 0,
             error: None,
             api_requests: None,
+            notes: Vec::new(),
         }
     }
 
@@ -166,6 +170,7 @@ impl Outcome {
             exit_code,
             error: Some(error.into()),
             api_requests: None,
+            notes: Vec::new(),
         }
     }
 }

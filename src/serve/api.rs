@@ -173,6 +173,19 @@ fn proxies(shared: &Shared) -> Vec<String> {
 /// `up`'s verdict on the passes, in its order: the first error (by proxy name), then failed
 /// live updates, then replicas that are not ready.
 pub fn summarize(outcomes: &[(String, PassOutcome)]) -> Outcome {
+    let mut outcome = verdict(outcomes);
+    // Each pass prepares the host for its proxy: the same warning may come from several.
+    let mut seen = BTreeSet::new();
+    outcome.notes = outcomes
+        .iter()
+        .flat_map(|(_, o)| o.notes.iter())
+        .filter(|line| seen.insert(line.as_str()))
+        .cloned()
+        .collect();
+    outcome
+}
+
+fn verdict(outcomes: &[(String, PassOutcome)]) -> Outcome {
     if let Some((msg, _)) = outcomes.iter().find_map(|(_, o)| o.error.as_ref()) {
         return Outcome::failed(1, format!("error: {msg}"));
     }
@@ -214,6 +227,7 @@ mod tests {
             epoch: 1,
             error: error.map(|e| (e.to_string(), false)),
             unfinished,
+            notes: vec!["warning: tcp_migrate_req is 0".into()],
         }
     }
 
@@ -256,7 +270,16 @@ mod tests {
             ("c".to_string(), o(Some("gate failed"), None)),
             ("d".to_string(), o(Some("later"), None)),
         ];
-        assert_eq!(summarize(&all), Outcome::failed(1, "error: gate failed"));
+        let mut failed = Outcome::failed(1, "error: gate failed");
+        failed.notes = vec!["warning: tcp_migrate_req is 0".into()];
+        assert_eq!(summarize(&all), failed, "one warning, said once");
+        let all: Vec<_> = all
+            .into_iter()
+            .map(|(n, mut o)| {
+                o.notes.clear();
+                (n, o)
+            })
+            .collect();
         assert_eq!(
             summarize(&all[..2]),
             Outcome::failed(1, "error: b: refused")

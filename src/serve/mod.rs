@@ -130,6 +130,8 @@ pub struct PassOutcome {
     /// A pass that ended without error but left the proxy short of what `up` promises: the
     /// live update that failed, or the replicas that are not ready (outside xDS mode).
     pub unfinished: Option<Unfinished>,
+    /// Lines `up` would print beside its verdict (host warnings, xDS-mode notes).
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -48,7 +48,8 @@ fn set_busy(shared: &Shared, name: &str, what: &str) {
 
 /// What a pass did.
 enum Done {
-    Converged(Box<Converged>),
+    /// With the host's warnings (what it lacks that berth could not fix).
+    Converged(Box<Converged>, Vec<String>),
     Removed,
 }
 
@@ -90,7 +91,7 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
     let result = match &wanted {
         Some((target, generation)) => converge(shared, target, *generation, epoch, cancel)
             .await
-            .map(|c| Done::Converged(Box::new(c))),
+            .map(|(c, warnings)| Done::Converged(Box::new(c), warnings)),
         None => remove(shared, name, epoch).await.map(|_| Done::Removed),
     };
     let label = match &result {
@@ -117,7 +118,7 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
     }
     let action = match (&result, &wanted) {
         (Err(e), _) => error_policy(e),
-        (Ok(Done::Converged(c)), Some((target, _))) => success_policy(target, c),
+        (Ok(Done::Converged(c, _)), Some((target, _))) => success_policy(target, c),
         (Ok(_), _) => Action::AwaitChange,
     };
     shared
@@ -134,8 +135,14 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
                 .err()
                 .map(|e| (error_chain(e), e.is_transient())),
             unfinished: match (&result, &wanted) {
-                (Ok(Done::Converged(c)), Some((target, _))) => unfinished(name, target, c),
+                (Ok(Done::Converged(c, _)), Some((target, _))) => unfinished(name, target, c),
                 _ => None,
+            },
+            notes: match (&result, &wanted) {
+                (Ok(Done::Converged(c, warnings)), Some((target, _))) => {
+                    notes(name, target, c, warnings)
+                }
+                _ => Vec::new(),
             },
         },
     );
@@ -163,6 +170,19 @@ fn unfinished(name: &str, target: &Target, c: &Converged) -> Option<Unfinished> 
         .then(|| Unfinished::NotReady(format!("proxy {name}: {}", c.readiness)))
 }
 
+/// The lines `berth up` prints beside its verdict: the host's warnings, and replicas of an
+/// xDS-mode proxy still waiting for Envoy Gateway.
+fn notes(name: &str, target: &Target, c: &Converged, warnings: &[String]) -> Vec<String> {
+    let mut lines: Vec<String> = warnings.iter().map(|w| format!("warning: {w}")).collect();
+    if target.desired.xds && !c.readiness.all_ready() {
+        lines.push(format!(
+            "note: proxy {name}: {} (xDS mode: waiting for Envoy Gateway's listeners)",
+            c.readiness
+        ));
+    }
+    lines
+}
+
 /// Whether the watched files of `generation` must stay as they are: a replica refused them
 /// (until the next edit), or did not confirm them (until a backoff has passed).
 fn held(shared: &Shared, name: &str, generation: u64) -> bool {
@@ -183,7 +203,7 @@ async fn converge(
     generation: u64,
     epoch: u64,
     cancel: &CancellationToken,
-) -> Result<Converged, ConvergeError> {
+) -> Result<(Converged, Vec<String>), ConvergeError> {
     let name = target.name();
     let started = Instant::now();
     set_busy(shared, name, "preparing the host");
@@ -334,7 +354,8 @@ async fn converge(
             },
         );
     });
-    Ok(converged)
+    let warnings = host.degraded.into_iter().map(|(_, m)| m).collect();
+    Ok((converged, warnings))
 }
 
 fn count_rollout(shared: &Shared, name: &str, outcome: &str, started: Instant) {
