@@ -6,6 +6,10 @@
 //!   reaches, from the data-plane-api protos that the `envoy-types` crate ships. berth merges a
 //!   user's bootstrap into its own with protobuf semantics ([`render::overrides`]), which needs
 //!   to know which fields are lists, maps, oneofs and well-known types.
+//!
+//! It also records the git commit berth is built from (`BERTH_GIT_COMMIT`, for `berth
+//! version`): the environment's `BERTH_GIT_COMMIT` when set (builds from a tarball), else
+//! `git rev-parse`, else "unknown".
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -30,7 +34,38 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let bootstrap = protox::compile(["envoy/config/bootstrap/v3/bootstrap.proto"], &includes)?;
     let out = PathBuf::from(std::env::var("OUT_DIR")?).join("envoy_bootstrap_descriptors.bin");
     std::fs::write(out, bootstrap.encode_to_vec())?;
+    git_commit();
     Ok(())
+}
+
+/// Sets `BERTH_GIT_COMMIT` for the crate and reruns when HEAD moves.
+fn git_commit() {
+    println!("cargo:rerun-if-env-changed=BERTH_GIT_COMMIT");
+    let git = |args: &[&str]| -> Option<String> {
+        let out = Command::new("git").args(args).output().ok()?;
+        let s = String::from_utf8(out.stdout).ok()?.trim().to_string();
+        (out.status.success() && !s.is_empty()).then_some(s)
+    };
+    let commit = std::env::var("BERTH_GIT_COMMIT")
+        .ok()
+        .filter(|c| !c.is_empty())
+        .or_else(|| {
+            // HEAD, and the branch file it points at (a commit moves the branch, not HEAD).
+            // Only existing files: a missing one would rerun this script on every build.
+            let mut watched = vec![git(&["rev-parse", "--git-path", "HEAD"])?];
+            if let Some(branch) = git(&["symbolic-ref", "-q", "HEAD"]) {
+                watched.push(git(&["rev-parse", "--git-path", &branch])?);
+            }
+            watched.push(git(&["rev-parse", "--git-path", "packed-refs"])?);
+            for path in watched {
+                if std::path::Path::new(&path).exists() {
+                    println!("cargo:rerun-if-changed={path}");
+                }
+            }
+            git(&["rev-parse", "--short=12", "HEAD"])
+        })
+        .unwrap_or_else(|| "unknown".to_string());
+    println!("cargo:rustc-env=BERTH_GIT_COMMIT={commit}");
 }
 
 /// The `proto/` directory of the `envoy-types` package berth depends on, found through

@@ -264,6 +264,45 @@ fn completions_and_man_need_no_engine() {
 }
 
 #[test]
+fn version_names_the_commit_and_the_envoy_gateway_release() {
+    let dir = short_tempdir();
+    let run = |args: &[&str]| {
+        let out = berth_in(dir.path())
+            .env("DOCKER_HOST", NO_DOCKER)
+            .args(args)
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let json: serde_json::Value = serde_json::from_str(&run(&["version", "-o", "json"])).unwrap();
+    assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
+    assert_eq!(json["envoy_gateway"], berth::source::eg::EG_RELEASE);
+    assert_eq!(json["envoy_image"], berth::source::eg::DEFAULT_IMAGE);
+    let commit = json["commit"].as_str().unwrap();
+    // Built from this checkout (no BERTH_GIT_COMMIT given): the commit is its HEAD.
+    let head = Command::new("git")
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    match (std::env::var_os("BERTH_GIT_COMMIT"), head) {
+        (None, Some(head)) => assert_eq!(commit, String::from_utf8_lossy(&head.stdout).trim()),
+        _ => assert!(!commit.is_empty()),
+    }
+    let table = run(&["version"]);
+    assert!(
+        table.starts_with(&format!("berth {}\n", env!("CARGO_PKG_VERSION"))),
+        "{table}"
+    );
+    assert!(
+        table.contains(commit) && table.contains(berth::source::eg::EG_RELEASE),
+        "{table}"
+    );
+}
+
+#[test]
 fn bad_logs_and_down_arguments_exit_2_before_the_engine() {
     let dir = short_tempdir();
     for args in [

@@ -1,5 +1,5 @@
-//! The commands about berth itself: `completions` and `man`. Both are derived
-//! from the one clap definition of the command line, so they cannot drift from it.
+//! The commands about berth itself: `completions`, `man` and `version`. The first two are
+//! derived from the one clap definition of the command line, so they cannot drift from it.
 
 use std::io::Write;
 use std::path::Path;
@@ -7,7 +7,40 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use clap::CommandFactory;
 
-use super::Cli;
+use super::{Cli, Output};
+use crate::source::eg::{DEFAULT_IMAGE, EG_RELEASE};
+
+/// What `berth version` prints.
+#[derive(Debug, serde::Serialize)]
+struct Version {
+    version: &'static str,
+    commit: &'static str,
+    envoy_gateway: &'static str,
+    envoy_image: &'static str,
+}
+
+/// `berth version`: berth's version, its git commit and the targeted Envoy Gateway release.
+pub fn version(output: Output, out: &mut impl Write) -> Result<()> {
+    let v = Version {
+        version: env!("CARGO_PKG_VERSION"),
+        commit: env!("BERTH_GIT_COMMIT"),
+        envoy_gateway: EG_RELEASE,
+        envoy_image: DEFAULT_IMAGE,
+    };
+    match output {
+        Output::Json => writeln!(out, "{}", serde_json::to_string_pretty(&v)?)?,
+        Output::Table => {
+            writeln!(out, "berth {}", v.version)?;
+            writeln!(out, "commit:        {}", v.commit)?;
+            writeln!(
+                out,
+                "envoy gateway: {} (its default Envoy image: {})",
+                v.envoy_gateway, v.envoy_image
+            )?;
+        }
+    }
+    Ok(())
+}
 
 /// `berth completions SHELL`: the completion script on stdout.
 pub fn completions(shell: clap_complete::Shell, out: &mut impl Write) {

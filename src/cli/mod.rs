@@ -25,6 +25,7 @@ const AFTER_HELP: &str = "Examples:
   berth logs -f edge                          follow the replicas of proxy edge
   berth down                                  drain and remove the config's proxies
   berth completions bash > /etc/bash_completion.d/berth
+  berth version --output json                 version, git commit, Envoy Gateway release
 
 The config file option -f comes before the command, as with docker compose (after `logs`, -f
 means --follow).
@@ -168,6 +169,10 @@ pub enum Command {
         dir: Option<PathBuf>,
     },
 
+    /// Print berth's version, the git commit it was built from and the Envoy Gateway
+    /// release whose behaviour it follows (with that release's default Envoy image).
+    Version,
+
     /// Show one row per replica: state, readiness, image, spec, uptime, connections.
     Status,
     /// Show what `up` would do, without doing it.
@@ -283,6 +288,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Man { command, dir } => {
             docs::man(command.as_deref(), dir.as_deref(), &mut std::io::stdout())
         }
+        Command::Version => docs::version(cli.output, &mut std::io::stdout()),
         Command::Status => commands::status(&cli).await,
         Command::Serve { .. } => commands::serve(&cli).await,
     }
