@@ -6,7 +6,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use berth::engine::{ContainerEngine, DockerEngine, EngineError, LabelFilter, OneShot};
+use berth::engine::{ContainerEngine, DockerEngine, EngineError, Flavor, LabelFilter, OneShot};
 use berth::layout;
 use berth::replica::{
     Mount, ReplicaContainer, RunState, LABEL_MANAGED_BY, LABEL_PROXY, LABEL_TEST, MANAGED_BY_VALUE,
@@ -92,29 +92,41 @@ async fn replica_runs_hardened_and_is_observed() {
     let hc = inspect.host_config.clone().unwrap();
     assert_eq!(hc.network_mode.as_deref(), Some("host"));
     assert_eq!(hc.readonly_rootfs, Some(true));
-    assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    // Podman lists every capability it dropped instead of "ALL"; the process's effective set
+    // (checked below) is the proof on both engines.
+    if engine.flavor() == Flavor::Docker {
+        assert_eq!(hc.cap_drop, Some(vec!["ALL".to_string()]));
+    }
     assert!(hc.cap_add.unwrap_or_default().is_empty());
-    assert_eq!(
-        hc.security_opt,
-        Some(vec!["no-new-privileges:true".to_string()])
-    );
-    assert_eq!(
-        hc.restart_policy.unwrap().name,
-        Some(RestartPolicyNameEnum::UNLESS_STOPPED)
-    );
+    // Podman reads it back as "no-new-privileges"; /proc below is the proof on both.
+    let no_new_privileges = match engine.flavor() {
+        Flavor::Docker => "no-new-privileges:true",
+        Flavor::Podman => "no-new-privileges",
+    };
+    assert_eq!(hc.security_opt, Some(vec![no_new_privileges.to_string()]));
+    // Podman's podman-restart.service brings back only `always` containers after a reboot.
+    let policy = match engine.flavor() {
+        Flavor::Docker => RestartPolicyNameEnum::UNLESS_STOPPED,
+        Flavor::Podman => RestartPolicyNameEnum::ALWAYS,
+    };
+    assert_eq!(hc.restart_policy.unwrap().name, Some(policy));
     assert_eq!(hc.memory, Some(256 * 1024 * 1024));
     assert_eq!(hc.nano_cpus, Some(500_000_000));
-    let mounts = hc.mounts.unwrap();
-    let run = mounts
-        .iter()
-        .find(|m| m.target.as_deref() == Some(layout::CONTAINER_RUN_DIR))
-        .unwrap();
-    assert!(!run.read_only.unwrap_or(false), "run dir is writable");
-    let boot = mounts
-        .iter()
-        .find(|m| m.target.as_deref() == Some(layout::CONTAINER_BOOTSTRAP_DIR))
-        .unwrap();
-    assert_eq!(boot.read_only, Some(true));
+    // The container's mount points (HostConfig.Mounts is what was asked; Podman leaves it out
+    // of inspect).
+    let mounts = inspect.mounts.clone().unwrap_or_default();
+    let mount = |target: &str| {
+        mounts
+            .iter()
+            .find(|m| m.destination.as_deref() == Some(target))
+            .unwrap_or_else(|| panic!("no mount at {target}: {mounts:#?}"))
+    };
+    assert_eq!(
+        mount(layout::CONTAINER_RUN_DIR).rw,
+        Some(true),
+        "run dir is writable"
+    );
+    assert_eq!(mount(layout::CONTAINER_BOOTSTRAP_DIR).rw, Some(false));
     let config = inspect.config.clone().unwrap();
     assert_eq!(config.user, Some(REPLICA_USER.to_string()));
     assert_eq!(config.cmd.as_ref(), Some(&replica.args));
@@ -132,7 +144,17 @@ async fn replica_runs_hardened_and_is_observed() {
     // It runs (and keeps running).
     let status = engine.status(&id).await.unwrap().unwrap();
     assert_eq!(status.state, RunState::Running, "{status:?}");
-    assert!(status.pid.is_some());
+    let pid = status.pid.expect("a running replica has a pid");
+    let proc_status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let cap_eff = proc_status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapEff:"))
+        .map(str::trim);
+    assert_eq!(cap_eff, Some("0000000000000000"), "no capability at all");
+    assert!(
+        proc_status.lines().any(|l| l == "NoNewPrivs:\t1"),
+        "no new privileges:\n{proc_status}"
+    );
 
     // Logs: Envoy logs at start-up.
     let start = Instant::now();
@@ -247,7 +269,7 @@ async fn create_with_a_taken_name_fails_clearly() {
     assert!(err.is_conflict(), "{err:?}");
     let msg = err.to_string();
     assert!(
-        msg.contains(&name) && msg.contains("Docker Engine") && msg.contains("refused"),
+        msg.contains(&name) && msg.contains(&engine.describe()) && msg.contains("refused"),
         "the engine says it refused, in its own words: {msg}"
     );
 }

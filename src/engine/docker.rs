@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -23,7 +23,7 @@ use bollard::query_parameters::{
     ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
     StopContainerOptionsBuilder,
 };
-use bollard::Docker;
+use bollard::{ClientVersion, Docker};
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::{
@@ -37,9 +37,11 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 /// Inspects in flight at once while observing.
 const INSPECT_CONCURRENCY: usize = 16;
 /// The container actions [`ContainerEngine::events`] reports.
+/// `died` and `remove` are Podman's names for `die` and `destroy` ([`Flavor`]); Docker
+/// matches its own names only, so asking for both is harmless.
 const EVENT_ACTIONS: &[&str] = &[
-    "create", "start", "restart", "die", "destroy", "update", "rename", "stop", "kill", "oom",
-    "pause", "unpause",
+    "create", "start", "restart", "die", "died", "destroy", "remove", "update", "rename", "stop",
+    "kill", "oom", "pause", "unpause",
 ];
 
 /// A connection to a Docker (or Docker-compatible) engine.
@@ -47,35 +49,83 @@ const EVENT_ACTIONS: &[&str] = &[
 pub struct DockerEngine {
     docker: Docker,
     endpoint: String,
-    /// "Docker Engine 20.10.24", learnt when first needed for a message.
-    product: Arc<OnceLock<String>>,
+    /// "Docker Engine 20.10.24", "Podman Engine 4.3.1": from `/version`, for messages.
+    product: String,
+    /// Podman's Docker-compatible service rather than dockerd (see [`Flavor`]).
+    flavor: Flavor,
     /// API requests made since `connect` (including version negotiation).
     calls: Arc<AtomicU64>,
 }
 
+/// Which engine serves the Docker Engine API. Podman's compatible API differs where it
+/// matters to berth:
+///
+/// - restart after a reboot: Podman has no daemon; `podman-restart.service` starts only
+///   containers whose policy is `always` (`podman start --all --filter restart-policy=always`),
+///   so replicas are created with `always` there and `always` reads back as berth's policy;
+/// - local images are named `localhost/NAME` once stored (`berth-test/envoy:1.40.0` is listed
+///   as `localhost/berth-test/envoy:1.40.0`): status shows the name as configured;
+/// - the events stream calls a removal `remove` (Docker: `destroy`), and its `event` filter
+///   matches the internal status `died`, not `die`: both names are asked for, and `remove` is
+///   reported as `destroy`;
+/// - inspect says `stopped` for a container that exited and awaits cleanup or its restart
+///   ([`DockerEngine::inspect_stopped`]);
+/// - a name in use is HTTP 500 "… is already in use" (Docker: 409), read as a conflict;
+/// - inspect lists every dropped capability instead of `ALL`, omits `HostConfig.Mounts` and
+///   spells `no-new-privileges` without `:true` (berth does not read these back).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Flavor {
+    Docker,
+    Podman,
+}
+
 impl DockerEngine {
-    /// Connects to the local engine (`DOCKER_HOST` or `/var/run/docker.sock`) and negotiates
-    /// the API version down to what the daemon speaks.
+    /// Connects to the engine at [`endpoint`] and negotiates the API version down to what it
+    /// speaks, learning which engine it is from the same `/version` request.
     pub async fn connect() -> EngineResult<DockerEngine> {
-        let endpoint = endpoint_description();
+        let endpoint = endpoint();
         let calls = Arc::new(AtomicU64::new(0));
-        let counter = calls.clone();
         let unreachable = |e: BollardError| EngineError::Unreachable {
             endpoint: endpoint.clone(),
             message: e.to_string(),
         };
-        let docker = Docker::connect_with_local_defaults()
-            .map_err(unreachable)?
-            .with_timeout(REQUEST_TIMEOUT)
-            .with_request_modifier(move |req| {
-                counter.fetch_add(1, Ordering::Relaxed);
-                req
-            });
-        let docker = docker.negotiate_version().await.map_err(unreachable)?;
+        let client = |version: &ClientVersion| -> Result<Docker, BollardError> {
+            let counter = calls.clone();
+            let docker = if endpoint.starts_with("unix://") {
+                Docker::connect_with_unix(&endpoint, REQUEST_TIMEOUT.as_secs(), version)?
+            } else if endpoint.starts_with("tcp://") || endpoint.starts_with("http://") {
+                Docker::connect_with_http(&endpoint, REQUEST_TIMEOUT.as_secs(), version)?
+            } else {
+                Docker::connect_with_host(&endpoint)?
+            };
+            Ok(docker
+                .with_timeout(REQUEST_TIMEOUT)
+                .with_request_modifier(move |req| {
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    req
+                }))
+        };
+        let docker = client(bollard::API_DEFAULT_VERSION).map_err(unreachable)?;
+        let version = docker.version().await.map_err(unreachable)?;
+        let (product, flavor) = product_of(&version);
+        let server = version
+            .api_version
+            .as_deref()
+            .and_then(parse_api_version)
+            .ok_or_else(|| EngineError::Unreachable {
+                endpoint: endpoint.clone(),
+                message: format!("{product} did not say which API version it speaks"),
+            })?;
+        let docker = if server < docker.client_version() {
+            client(&server).map_err(unreachable)?
+        } else {
+            docker
+        };
         Ok(DockerEngine {
             docker,
             endpoint,
-            product: Arc::new(OnceLock::new()),
+            product,
+            flavor,
             calls,
         })
     }
@@ -84,6 +134,11 @@ impl DockerEngine {
     /// (tests inspecting what `create` made).
     pub fn client(&self) -> &Docker {
         &self.docker
+    }
+
+    /// Docker or Podman.
+    pub fn flavor(&self) -> Flavor {
+        self.flavor
     }
 
     /// The API version in use after negotiation, e.g. "1.41".
@@ -107,37 +162,65 @@ impl DockerEngine {
         Ok(ids.len())
     }
 
-    /// The engine's product name and version, asked once.
-    async fn product(&self) -> String {
-        if let Some(p) = self.product.get() {
-            return p.clone();
-        }
-        let name = match self.docker.version().await {
-            Ok(v) => {
-                let product = v
-                    .platform
-                    .map(|p| p.name)
-                    .filter(|n| !n.is_empty())
-                    .or_else(|| {
-                        v.components
-                            .and_then(|c| c.into_iter().next())
-                            .map(|c| c.name)
-                    })
-                    .unwrap_or_else(|| "container engine".to_string());
-                // Docker's own builds say "Docker Engine - Community"; Debian's only "Engine".
-                let product = if product == "Engine" {
-                    "Docker Engine".to_string()
-                } else {
-                    product
-                };
-                match v.version {
-                    Some(version) => format!("{product} {version}"),
-                    None => product,
-                }
+    /// Inspects a container; `None` when there is none.
+    async fn inspect(&self, id: &str) -> EngineResult<Option<ContainerInspectResponse>> {
+        match self.docker.inspect_container(id, None).await {
+            Ok(i) => Ok(Some(i)),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) if self.flavor == Flavor::Podman && e.to_string().contains("`stopped`") => {
+                self.inspect_stopped(id, e).await
             }
-            Err(_) => "the container engine".to_string(),
+            Err(e) => Err(self.refused(format!("inspect container {id}"), e).await),
+        }
+    }
+
+    /// Podman's inspect of a container that exited and whose cleanup (or restart by policy) is
+    /// still pending says `State.Status: "stopped"`, a word of Podman's own that the Engine API
+    /// (and bollard's typed answer) does not have. Read the answer raw, as "exited".
+    async fn inspect_stopped(
+        &self,
+        id: &str,
+        typed: BollardError,
+    ) -> EngineResult<Option<ContainerInspectResponse>> {
+        let Some(socket) = self.endpoint.strip_prefix("unix://") else {
+            return Err(self.refused(format!("inspect container {id}"), typed).await);
         };
-        self.product.get_or_init(|| name).clone()
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let path = format!("/v{}/containers/{id}/json", self.api_version());
+        let refused = |message: String| EngineError::Refused {
+            engine: self.describe(),
+            operation: format!("inspect container {id}"),
+            status: 0,
+            message,
+        };
+        let (status, body) = crate::admin::Admin::new(socket)
+            .with_timeout(REQUEST_TIMEOUT)
+            .get(&path)
+            .await
+            .map_err(|e| refused(format!("{e:#}")))?;
+        match status {
+            404 => return Ok(None),
+            200 => {}
+            _ => return Err(refused(format!("HTTP {status}: {}", body.trim()))),
+        }
+        let mut value: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| refused(e.to_string()))?;
+        if let Some(state) = value.pointer_mut("/State/Status") {
+            if state == "stopped" {
+                *state = "exited".into();
+            }
+        }
+        serde_json::from_value(value)
+            .map(Some)
+            .map_err(|e| refused(e.to_string()))
+    }
+
+    /// The restart policy to create with, for berth's engine-neutral name.
+    fn restart_policy_for(&self, name: &str) -> RestartPolicyNameEnum {
+        if self.flavor == Flavor::Podman && name == super::RESTART_UNLESS_STOPPED {
+            return RestartPolicyNameEnum::ALWAYS;
+        }
+        restart_policy_of(name)
     }
 
     /// The engine's error, said to be the engine's.
@@ -160,8 +243,14 @@ impl DockerEngine {
             }
             other => (0, other.to_string()),
         };
+        // Podman answers a name in use with 500 ("… is already in use"); Docker with 409.
+        let status = if status == 500 && message.contains("is already in use") {
+            409
+        } else {
+            status
+        };
         EngineError::Refused {
-            engine: format!("{} at {}", self.product().await, self.endpoint),
+            engine: self.describe(),
             operation,
             status,
             message,
@@ -241,10 +330,7 @@ impl DockerEngine {
 #[async_trait]
 impl ContainerEngine for DockerEngine {
     fn describe(&self) -> String {
-        match self.product.get() {
-            Some(p) => format!("{p} at {}", self.endpoint),
-            None => format!("the container engine at {}", self.endpoint),
-        }
+        format!("{} at {}", self.product, self.endpoint)
     }
 
     fn api_calls(&self) -> u64 {
@@ -265,12 +351,11 @@ impl ContainerEngine for DockerEngine {
         });
         let inspects = futures_util::stream::iter(summaries.into_iter().map(|s| async move {
             let id = s.id.clone().unwrap_or_default();
-            match self.docker.inspect_container(&id, None).await {
-                Ok(inspect) => Ok(Some(observed_from(s, &inspect))),
-                // Removed between list and inspect: it is gone, not an error.
-                Err(e) if is_not_found(&e) => Ok(None),
-                Err(e) => Err(self.refused(format!("inspect container {id}"), e).await),
-            }
+            // Removed between list and inspect: it is gone, not an error.
+            Ok(self
+                .inspect(&id)
+                .await?
+                .map(|inspect| observed_from(s, &inspect, self.flavor)))
         }))
         .buffer_unordered(INSPECT_CONCURRENCY)
         .try_collect::<Vec<_>>()
@@ -281,10 +366,8 @@ impl ContainerEngine for DockerEngine {
     }
 
     async fn status(&self, id: &str) -> EngineResult<Option<ContainerStatus>> {
-        let inspect = match self.docker.inspect_container(id, None).await {
-            Ok(i) => i,
-            Err(e) if is_not_found(&e) => return Ok(None),
-            Err(e) => return Err(self.refused(format!("inspect container {id}"), e).await),
+        let Some(inspect) = self.inspect(id).await? else {
+            return Ok(None);
         };
         let st = inspect.state.unwrap_or_default();
         Ok(Some(ContainerStatus {
@@ -333,7 +416,7 @@ impl ContainerEngine for DockerEngine {
     async fn create(&self, c: &ReplicaContainer) -> EngineResult<String> {
         let host_config = HostConfig {
             restart_policy: Some(RestartPolicy {
-                name: Some(restart_policy_of(&c.restart_policy)),
+                name: Some(self.restart_policy_for(&c.restart_policy)),
                 maximum_retry_count: None,
             }),
             nano_cpus: c.nano_cpus,
@@ -475,8 +558,12 @@ impl ContainerEngine for DockerEngine {
                     .collect();
                 let name = labels.remove("name");
                 labels.remove("image");
+                let action = match e.action.unwrap_or_default() {
+                    a if a == "remove" => "destroy".to_string(),
+                    a => a,
+                };
                 Ok(ContainerEvent {
-                    action: e.action.unwrap_or_default(),
+                    action,
                     id: e.actor.and_then(|a| a.id).unwrap_or_default(),
                     labels,
                     name,
@@ -488,7 +575,20 @@ impl ContainerEngine for DockerEngine {
 
 impl DockerEngine {
     async fn wait_exit(&self, id: &str, job: &OneShot) -> EngineResult<Exited> {
-        self.start(id).await?;
+        self.start(id).await.map_err(|e| match e {
+            EngineError::Refused {
+                engine,
+                status,
+                message,
+                ..
+            } => EngineError::Refused {
+                engine,
+                operation: format!("start a throw-away container from {} ({id})", job.image),
+                status,
+                message,
+            },
+            other => other,
+        })?;
         let waited = tokio::time::timeout(job.timeout, async {
             let mut wait = self.docker.wait_container(id, None);
             match wait.next().await {
@@ -563,6 +663,7 @@ fn bind_mount(m: &Mount) -> DockerMount {
 fn observed_from(
     summary: bollard::models::ContainerSummary,
     inspect: &ContainerInspectResponse,
+    flavor: Flavor,
 ) -> ObservedContainer {
     let name = summary
         .names
@@ -585,6 +686,9 @@ fn observed_from(
         .and_then(|r| r.name)
         .map(|n| match n {
             RestartPolicyNameEnum::EMPTY => "no".to_string(),
+            RestartPolicyNameEnum::ALWAYS if flavor == Flavor::Podman => {
+                super::RESTART_UNLESS_STOPPED.to_string()
+            }
             other => other.to_string(),
         })
         .unwrap_or_else(|| "no".into());
@@ -600,7 +704,15 @@ fn observed_from(
             restart_policy,
         },
         info: ContainerInfo {
-            image: summary.image.clone().unwrap_or_default(),
+            image: summary
+                .image
+                .as_deref()
+                .map(|i| match flavor {
+                    Flavor::Podman => i.strip_prefix("localhost/").unwrap_or(i),
+                    Flavor::Docker => i,
+                })
+                .unwrap_or_default()
+                .to_string(),
             pid: inspect
                 .state
                 .as_ref()
@@ -666,11 +778,72 @@ fn is_connection_error(e: &BollardError) -> bool {
 }
 
 /// Where the engine is expected, for messages.
-fn endpoint_description() -> String {
-    match std::env::var("DOCKER_HOST") {
-        Ok(h) if !h.is_empty() => h,
-        _ => "unix:///var/run/docker.sock".into(),
+/// Where the engine is: `DOCKER_HOST` when set (as for the docker CLI and compose; a Podman
+/// service is chosen this way), else Docker's socket when it exists, else Podman's (rootful
+/// `/run/podman/podman.sock`, then the user's `$XDG_RUNTIME_DIR/podman/podman.sock`), else
+/// Docker's, so that "is dockerd running?" names the usual place.
+pub fn endpoint() -> String {
+    if let Ok(h) = std::env::var("DOCKER_HOST") {
+        if !h.is_empty() {
+            return h;
+        }
     }
+    const DOCKER: &str = "/var/run/docker.sock";
+    let mut candidates = vec![std::path::PathBuf::from(DOCKER)];
+    candidates.push("/run/podman/podman.sock".into());
+    if let Some(run) = std::env::var_os("XDG_RUNTIME_DIR") {
+        candidates.push(std::path::Path::new(&run).join("podman/podman.sock"));
+    }
+    let found = candidates.into_iter().find(|p| p.exists());
+    format!(
+        "unix://{}",
+        found
+            .as_deref()
+            .unwrap_or(std::path::Path::new(DOCKER))
+            .display()
+    )
+}
+
+/// The engine's product name and version, and which engine it is, from `/version`.
+fn product_of(v: &bollard::models::SystemVersion) -> (String, Flavor) {
+    let components: Vec<&str> = v
+        .components
+        .iter()
+        .flatten()
+        .map(|c| c.name.as_str())
+        .collect();
+    if let Some(podman) = components.iter().find(|n| n.contains("Podman")) {
+        let version = v.version.as_deref().unwrap_or_default();
+        return (
+            format!("{podman} {version}").trim().to_string(),
+            Flavor::Podman,
+        );
+    }
+    // Docker's own builds say "Docker Engine - Community"; Debian's leave the platform empty
+    // and call the component "Engine".
+    let product = v
+        .platform
+        .as_ref()
+        .map(|p| p.name.clone())
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| match components.first() {
+            None | Some(&"Engine") => "Docker Engine".to_string(),
+            Some(other) => other.to_string(),
+        });
+    let product = match &v.version {
+        Some(version) => format!("{product} {version}"),
+        None => product,
+    };
+    (product, Flavor::Docker)
+}
+
+/// "1.41" as a client version.
+fn parse_api_version(v: &str) -> Option<ClientVersion> {
+    let (major, minor) = v.split_once('.')?;
+    Some(ClientVersion {
+        major_version: major.parse().ok()?,
+        minor_version: minor.parse().ok()?,
+    })
 }
 
 /// Splits "repo[:tag][@digest]" into what the pull API wants. A digest reference is passed
@@ -735,6 +908,38 @@ mod tests {
             super::super::RESTART_UNLESS_STOPPED
         );
         assert_eq!(restart_policy_of("no"), RestartPolicyNameEnum::NO);
+    }
+
+    #[test]
+    fn the_engine_is_named_from_its_version_answer() {
+        // Debian's docker.io 20.10 and Debian's podman 4.3, as they answer /version.
+        let docker: bollard::models::SystemVersion = serde_json::from_str(
+            r#"{"Platform":{"Name":""},"Components":[{"Name":"Engine","Version":"20.10.24+dfsg1"},
+            {"Name":"containerd","Version":"1.6.20~ds1"}],"Version":"20.10.24+dfsg1","ApiVersion":"1.41"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            product_of(&docker),
+            ("Docker Engine 20.10.24+dfsg1".to_string(), Flavor::Docker)
+        );
+        let podman: bollard::models::SystemVersion = serde_json::from_str(
+            r#"{"Platform":{"Name":"linux/amd64/debian-12"},"Components":[{"Name":"Podman Engine",
+            "Version":"4.3.1"},{"Name":"Conmon","Version":"conmon version 2.1.6"}],
+            "Version":"4.3.1","ApiVersion":"1.41","MinAPIVersion":"1.24"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            product_of(&podman),
+            ("Podman Engine 4.3.1".to_string(), Flavor::Podman)
+        );
+        let ce: bollard::models::SystemVersion = serde_json::from_str(
+            r#"{"Platform":{"Name":"Docker Engine - Community"},"Version":"28.2.2"}"#,
+        )
+        .unwrap();
+        assert_eq!(product_of(&ce).0, "Docker Engine - Community 28.2.2");
+        let v = parse_api_version("1.41").unwrap();
+        assert_eq!((v.major_version, v.minor_version), (1, 41));
+        assert!(parse_api_version("4.3.1x").is_none());
     }
 
     #[test]

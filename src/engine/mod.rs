@@ -21,7 +21,7 @@ use async_trait::async_trait;
 use futures_util::stream::BoxStream;
 use serde::{Deserialize, Serialize};
 
-pub use docker::DockerEngine;
+pub use docker::{DockerEngine, Flavor};
 
 /// A bind mount of a host path into a container.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]

@@ -331,8 +331,11 @@ impl Run<'_> {
         if status.state == RunState::Running && restarts == 0 {
             return Ok(());
         }
+        // Exited: Podman's view between Envoy's exit and its restart by policy.
         let mut why = match status.state {
-            RunState::Running | RunState::Restarting => "Envoy exited".to_string(),
+            RunState::Running | RunState::Restarting | RunState::Exited => {
+                "Envoy exited".to_string()
+            }
             other => format!("the container is {other}"),
         };
         if let Some(code) = status.exit_code.filter(|c| *c != 0) {
