@@ -6,8 +6,10 @@
 
 mod common;
 
+use berth::engine::{ContainerEngine, Flavor};
 use berth::layout;
 use common::fleet::*;
+use common::skip;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_three_replicas_under_load_loses_no_request() {
@@ -22,9 +24,18 @@ async fn upgrade_three_replicas_under_load_loses_no_request() {
     settle().await;
     s.image = NEW;
     fleet.write(&s);
+    let started = std::time::Instant::now();
     let out = fleet.up_ok().await;
+    let rollout = started.elapsed();
     settle().await;
     let report = load.stop().await;
+    // A figure for notes and the Podman job, not asserted.
+    eprintln!(
+        "rollout figures ({}): 3 replicas 1.39.3 → 1.40.0 in {:.1}s; load: {}",
+        fleet.engine.describe(),
+        rollout.as_secs_f64(),
+        report.summary()
+    );
 
     assert_eq!(count_events(&out, "replacing"), 3);
     assert_eq!(count_events(&out, "removed"), 3);
@@ -207,6 +218,14 @@ async fn a_replica_removed_by_hand_is_restored() {
 async fn docker_update_memory_replaces_that_replica_only() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::new("update").await;
+    if fleet.engine.flavor() == Flavor::Podman {
+        skip(
+            "docker_update_memory_replaces_that_replica_only",
+            "Podman's compatible API has no container update (POST /containers/{id}/update \
+             answers 404 in 4.3), so nobody can change a replica's memory that way there",
+        );
+        return;
+    }
     let s = Settings::new(NEW, 3);
     fleet.write(&s);
     fleet.up_ok().await;

@@ -111,6 +111,13 @@ impl Drop for Cleanup {
     }
 }
 
+/// Says that a test does not run here and why, on the real stderr (the harness captures
+/// `eprintln!` of passing tests), in the form the CI jobs grep for: "SKIPPED name: why".
+pub fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
+}
+
 /// A short temporary directory under /tmp (socket paths are limited to 108 bytes).
 pub fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
