@@ -1,7 +1,9 @@
 //! Envoy Gateway interop end to end: `berth serve` (a child process) with its remote
-//! infrastructure provider on a Unix socket, driven by a tonic client; and `berth up --ir`.
-//! Real Docker, real Envoy. No EG xDS server runs, so replicas stay PRE_INITIALIZING: the
-//! xds-mode gate only asks that they run and that their admin answers.
+//! infrastructure provider on a Unix socket, driven by a tonic client, its replicas configured
+//! by the test xDS server (tests/common/xds.rs, mTLS, delta ADS) so that they serve and a
+//! changed image rolls through the serving gate; and `berth up --ir` with no xDS server at
+//! all, where replicas stay PRE_INITIALIZING and only the first-install rule lets them in
+//! (nothing serves yet: the gate asks only that they run and their admin answers).
 
 mod common;
 
@@ -12,6 +14,7 @@ use std::time::{Duration, Instant};
 use berth::eg_provider::pb;
 use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
 use common::eg::gateway_proxy;
+use common::xds::{self, Certs, XdsServer};
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup};
 use serde_json::Value;
 use tonic::transport::{Channel, Endpoint, Uri};
@@ -38,8 +41,7 @@ struct Serve {
 }
 
 impl Serve {
-    fn start(dir: &Path, cleanup: &Cleanup) -> Serve {
-        let c = certs();
+    fn start(dir: &Path, cleanup: &Cleanup, xds: &XdsServer, c: &Certs) -> Serve {
         let socket = dir.join("r.sock");
         let config = dir.join("berth.toml");
         std::fs::write(
@@ -48,13 +50,15 @@ impl Serve {
                 r#"[envoy_gateway]
 xds_address = "127.0.0.1"
 xds_port = {xds}
-ca_file = "{c}/cert.pem"
-cert_file = "{c}/cert.pem"
-key_file = "{c}/key.pem"
+ca_file = "{ca}"
+cert_file = "{cert}"
+key_file = "{key}"
 remote = "unix://{sock}"
 "#,
-                xds = free_port(),
-                c = c.display(),
+                xds = xds.addr.port(),
+                ca = c.ca().display(),
+                cert = c.client_cert().display(),
+                key = c.client_key().display(),
                 sock = socket.display()
             ),
         )
@@ -236,9 +240,35 @@ async fn remote_provider_drives_serve_end_to_end() {
     let cleanup = Cleanup::new("eg-remote");
     let dir = short_tempdir();
     let state = dir.path().join("s");
-    let serve = Serve::start(dir.path(), &cleanup);
-    let mut client = serve.client().await;
     let (http, tcp) = (free_port(), free_port());
+    // EG's xDS server for Gateway default/eg: a listener on each of the IR's ports.
+    let certs = Certs::generate(&dir.path().join("certs"));
+    let (backend, _backend) = xds::backend("hello\n").await;
+    let ready = free_port();
+    let mut snapshot = xds::eg_snapshot(
+        "default/eg",
+        "default/eg/http",
+        http,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    let tcp_side = xds::eg_snapshot(
+        "default/eg",
+        "default/eg/tcp",
+        tcp,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    for (t, rs) in tcp_side.resources {
+        snapshot.resources.entry(t).or_default().extend(rs);
+    }
+    let xds_server = XdsServer::start(&certs, snapshot).await;
+    let serve = Serve::start(dir.path(), &cleanup, &xds_server, &certs);
+    let mut client = serve.client().await;
     let persisted = state.join("remote").join(format!("{PROXY}.json"));
 
     // Malformed requests: InvalidArgument naming the field; nothing on the host.
@@ -306,27 +336,39 @@ async fn remote_provider_drives_serve_end_to_end() {
     assert_eq!(nodes.len(), 2, "--service-node is unique per replica");
     assert!(persisted.exists());
 
-    // `berth status` shows the real /ready state: no EG xDS server here, so not LIVE.
-    let out = berth()
-        .arg("--state-dir")
-        .arg(&state)
-        .args(["-o", "json", "status"])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
-        panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
-    });
-    let rows = rows["replicas"].as_array().unwrap();
-    assert_eq!(rows.len(), 2, "{rows:?}");
-    for r in rows {
-        // No xDS server: started, not serving, and status says so.
+    // `berth status`: both replicas got EG's config (version v1, nothing rejected) and serve.
+    // A first install is gated only on a started Envoy, so this may take a moment after the
+    // call returned.
+    let status = || {
+        let out = berth()
+            .arg("--state-dir")
+            .arg(&state)
+            .args(["-o", "json", "status"])
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        let rows: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}", String::from_utf8_lossy(&out.stderr));
+        });
+        rows["replicas"].as_array().unwrap().clone()
+    };
+    let start = Instant::now();
+    let rows = loop {
+        let rows = status();
+        let serving = |r: &Value| r["ready"] == true && r["xds"]["listeners"] == "v1";
+        if rows.len() == 2 && rows.iter().all(serving) {
+            break rows;
+        }
         assert!(
-            ["PRE_INITIALIZING", "INITIALIZING"].contains(&r["envoy"].as_str().unwrap()),
-            "{r}"
+            start.elapsed() < Duration::from_secs(30),
+            "not serving: {rows:#?}"
         );
-        assert_eq!(r["ready"], false, "{r}");
-        assert!(r["reason"].as_str().is_some(), "{r}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    for r in &rows {
+        assert_eq!(r["envoy"], "LIVE", "{r}");
+        assert_eq!(r["xds"]["connected"], true, "{r}");
+        assert_eq!(r["xds"]["rejected"], 0, "{r}");
     }
 
     // The same request again changes nothing.
@@ -340,7 +382,7 @@ async fn remote_provider_drives_serve_end_to_end() {
     let events = events_since(&cleanup, since);
     assert!(events.is_empty(), "container events: {events:?}");
 
-    // A changed image rolls the replicas.
+    // A changed image rolls the replicas, each new one serving before an old one goes.
     let changed = infra(&envoy_proxy(OLD_IMAGE, 2), http, tcp, "TCP");
     client
         .create_or_update_proxy_infra(create(changed))
@@ -351,6 +393,12 @@ async fn remote_provider_drives_serve_end_to_end() {
     for c in &rolled {
         assert!(!ids(&first).contains(&c["Id"].as_str().unwrap().to_string()));
         assert_eq!(c["Config"]["Image"], OLD_IMAGE);
+    }
+    let rows = status();
+    assert_eq!(rows.len(), 2, "{rows:#?}");
+    for r in &rows {
+        assert_eq!(r["ready"], true, "the serving gate let it in: {r}");
+        assert_eq!(r["xds"]["listeners"], "v1", "{r}");
     }
 
     // A malformed update changes nothing either.
@@ -381,7 +429,8 @@ async fn remote_provider_drives_serve_end_to_end() {
 }
 
 /// `berth up --ir` with a golden IR (image and ports made local) and the xDS flags; `down`
-/// removes it. A bad IR is exit 2 with the field path.
+/// removes it. A bad IR is exit 2 with the field path. No xDS server answers, so this is the
+/// first-install rule: nothing serves yet, and a started replica is accepted.
 #[test]
 fn up_ir_brings_a_proxy_up_and_down_removes_it() {
     let image = ensure_test_image();
