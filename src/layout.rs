@@ -79,11 +79,73 @@ impl ProxyDirs {
     }
 }
 
-/// The default state directory.
+/// The default state directory (as root; see [`default_state_dir`]).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
+
+/// The state directory when neither `--state-dir` nor the config names one: [`DEFAULT_STATE_DIR`]
+/// for root, else the user's state directory, `$XDG_STATE_HOME/berth` (`~/.local/state/berth`
+/// without it), as for other per-user tools; a user cannot write /var/lib.
+pub fn default_state_dir() -> PathBuf {
+    default_state_dir_for(
+        crate::host::is_root(),
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("HOME"),
+    )
+}
+
+fn default_state_dir_for(
+    root: bool,
+    xdg_state_home: Option<std::ffi::OsString>,
+    home: Option<std::ffi::OsString>,
+) -> PathBuf {
+    if root {
+        return PathBuf::from(DEFAULT_STATE_DIR);
+    }
+    // The XDG spec: a relative $XDG_STATE_HOME is invalid and ignored.
+    if let Some(dir) = xdg_state_home
+        .map(PathBuf::from)
+        .filter(|d| d.is_absolute())
+    {
+        return dir.join("berth");
+    }
+    match home.map(PathBuf::from).filter(|h| h.is_absolute()) {
+        Some(home) => home.join(".local/state/berth"),
+        None => PathBuf::from(DEFAULT_STATE_DIR),
+    }
+}
 
 /// Inside a replica: where a TLS file is mounted. `owner` is a listener name, or "xds" for
 /// the xDS client certificates; `file` is "cert.pem", "key.pem" or "ca.pem".
 pub fn container_tls_file(owner: &str, file: &str) -> String {
     format!("{CONTAINER_TLS_DIR}/{owner}/{file}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_state_dir_is_the_users_unless_root() {
+        let some = |s: &str| Some(std::ffi::OsString::from(s));
+        assert_eq!(
+            default_state_dir_for(true, some("/home/a/.st"), some("/home/a")),
+            PathBuf::from("/var/lib/berth")
+        );
+        assert_eq!(
+            default_state_dir_for(false, some("/home/a/.st"), some("/home/a")),
+            PathBuf::from("/home/a/.st/berth")
+        );
+        assert_eq!(
+            default_state_dir_for(false, some("rel"), some("/home/a")),
+            PathBuf::from("/home/a/.local/state/berth")
+        );
+        assert_eq!(
+            default_state_dir_for(false, None, some("/home/a")),
+            PathBuf::from("/home/a/.local/state/berth")
+        );
+        assert_eq!(
+            default_state_dir_for(false, None, None),
+            PathBuf::from("/var/lib/berth")
+        );
+    }
 }

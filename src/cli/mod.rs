@@ -40,7 +40,8 @@ pub struct Cli {
     #[arg(short = 'f', long = "file", env = "BERTH_CONFIG")]
     pub file: Option<PathBuf>,
 
-    /// Where rendered files and replica sockets live [default: the config's state_dir, else /var/lib/berth].
+    /// Where rendered files and replica sockets live [default: the config's state_dir, else
+    /// /var/lib/berth as root, $XDG_STATE_HOME/berth (~/.local/state/berth) otherwise].
     #[arg(long, global = true, env = "BERTH_STATE_DIR")]
     pub state_dir: Option<PathBuf>,
 

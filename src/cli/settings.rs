@@ -9,7 +9,7 @@ use anyhow::{bail, Result};
 
 use super::{BadInput, Cli, Output};
 use crate::infrastructure::Caller;
-use crate::layout::DEFAULT_STATE_DIR;
+use crate::layout::default_state_dir;
 use crate::operations::Operations;
 use crate::progress::{Mode, Reporter};
 use crate::render::Renderer;
@@ -68,7 +68,7 @@ impl Cli {
             .state_dir
             .clone()
             .or_else(|| config.and_then(|c| c.state_dir.clone()))
-            .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+            .unwrap_or_else(default_state_dir);
         std::path::absolute(&dir).unwrap_or(dir)
     }
 }

@@ -38,7 +38,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::infrastructure::Caller;
-use crate::layout::DEFAULT_STATE_DIR;
+use crate::layout::default_state_dir;
 use crate::metrics::Metrics;
 use crate::operations::{HostPolicy, Operations};
 use crate::progress::Mode;
@@ -537,7 +537,7 @@ pub async fn run(opts: Options) -> Result<()> {
         .state_dir
         .clone()
         .or(first.state_dir.clone())
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_STATE_DIR));
+        .unwrap_or_else(default_state_dir);
     // Absolute: it is a bind-mount source and a container label.
     let state_path = std::path::absolute(&state_path).unwrap_or(state_path);
     let settings = opts.flags.over(&first.serve);
