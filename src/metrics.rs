@@ -97,6 +97,14 @@ impl Metrics {
         }
     }
 
+    /// Removes every series of a gauge family (one recomputed in full, e.g. per scrape).
+    pub fn clear(&self, name: &str) {
+        let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(fam) = families.get_mut(name).filter(|f| f.kind == "gauge") {
+            fam.values.clear();
+        }
+    }
+
     /// Records one observation in a histogram (seconds).
     pub fn observe(&self, name: &'static str, help: &'static str, l: &[(&str, &str)], d: Duration) {
         let secs = d.as_secs_f64();

@@ -325,7 +325,15 @@ pub(super) async fn status(cli: &Cli) -> Result<()> {
     proxies.extend(ops.owned().await?);
     let rows = ops.status(&proxies).await?;
     // What `berth serve` recorded (generations, conditions, last rollout), when it runs here.
-    let record = status::record::read(&crate::state::StateDir::at(&resolved.state_dir));
+    let mut record = status::record::read(&crate::state::StateDir::at(&resolved.state_dir));
+    for (name, p) in record.iter_mut().flat_map(|r| r.proxies.iter_mut()) {
+        let wanted = resolved
+            .targets
+            .iter()
+            .find(|t| t.name() == name)
+            .map(|t| t.desired.replicas);
+        status::live_ready(&mut p.conditions, &rows, name, wanted);
+    }
     if cli.output == Output::Json {
         let proxies = record.map(|r| r.proxies).unwrap_or_default();
         println!(

@@ -161,7 +161,13 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
     let rows = shared.ops.status(&names).await?;
     let mut proxies = Vec::new();
     for name in names {
-        let rec = record.proxies.get(&name).cloned().unwrap_or_default();
+        let mut rec = record.proxies.get(&name).cloned().unwrap_or_default();
+        crate::status::live_ready(
+            &mut rec.conditions,
+            &rows,
+            &name,
+            targets.get(&name).map(|t| t.desired.replicas),
+        );
         let replicas = rows
             .iter()
             .filter(|r| r.proxy == name)
@@ -227,6 +233,8 @@ async fn metrics(shared: &Shared) -> String {
         dropped as f64,
     );
     if let Ok(rows) = shared.ops.status(&owned).await {
+        // Replicas that are gone drop out instead of keeping their last value.
+        m.clear("berth_replica_ready");
         for r in &rows {
             m.set(
                 "berth_replica_ready",

@@ -92,6 +92,50 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
     out
 }
 
+/// The Ready condition serve recorded, checked against the replicas as they are now (DESIGN
+/// decision 11). The record holds what the last pass saw; after a reboot the replicas Docker
+/// restarted are LIVE but cannot bind their ports, and until the next pass ends the record
+/// would still say Ready. A recorded Ready=True stands only while the one probe finds `wanted`
+/// replicas of `proxy` ready in `rows` (None: every running one, and at least one).
+pub fn live_ready(
+    conditions: &mut Vec<record::Condition>,
+    rows: &[ReplicaStatus],
+    proxy: &str,
+    wanted: Option<u32>,
+) {
+    let recorded = conditions
+        .iter()
+        .any(|c| c.type_ == record::READY && c.status == "True");
+    if !recorded {
+        return;
+    }
+    let mine: Vec<&ReplicaStatus> = rows.iter().filter(|r| r.proxy == proxy).collect();
+    let ready = mine.iter().filter(|r| r.ready).count();
+    let enough = match wanted {
+        Some(n) => ready >= n as usize,
+        None => ready > 0 && mine.iter().all(|r| r.ready || r.state != RunState::Running),
+    };
+    if enough {
+        return;
+    }
+    let why: Vec<String> = mine
+        .iter()
+        .filter(|r| !r.ready)
+        .map(|r| match &r.reason {
+            Some(reason) => format!("{}: {reason}", r.container),
+            None => format!("{}: {}", r.container, r.state),
+        })
+        .collect();
+    let of = wanted.map_or_else(|| mine.len().to_string(), |n| n.to_string());
+    record::set_condition(
+        conditions,
+        record::READY,
+        false,
+        "ReplicasNotReady",
+        &format!("{ready}/{of} replicas ready now; {}", why.join("; ")),
+    );
+}
+
 /// A table of what `berth serve` recorded per proxy: generation, conditions, last rollout.
 pub fn proxies_table(record: &Record) -> String {
     let header = ["PROXY", "GENERATION", "CONDITIONS", "LAST ROLLOUT"];
@@ -165,5 +209,56 @@ mod tests {
         assert_eq!(uptime(300), "5m");
         assert_eq!(uptime(10_000), "2h");
         assert_eq!(uptime(500_000), "5d");
+    }
+
+    fn row(container: &str, ready: bool) -> ReplicaStatus {
+        ReplicaStatus {
+            proxy: "edge".into(),
+            slot: Some(0),
+            container: container.into(),
+            state: RunState::Running,
+            ready,
+            envoy: "LIVE".into(),
+            reason: (!ready).then(|| "Envoy is LIVE but not listening on port(s) 80".into()),
+            image: "envoy".into(),
+            spec: "abc".into(),
+            uptime_seconds: None,
+            connections: None,
+            observed_generation: None,
+            xds: None,
+        }
+    }
+
+    fn recorded_ready() -> Vec<record::Condition> {
+        let mut c = Vec::new();
+        record::set_condition(&mut c, record::READY, true, "AllReplicasReady", "2/2");
+        c
+    }
+
+    #[test]
+    fn a_recorded_ready_does_not_outlive_the_replicas_probe() {
+        let mut c = recorded_ready();
+        live_ready(&mut c, &[row("a", true), row("b", true)], "edge", Some(2));
+        assert_eq!(c[0].status, "True");
+        // During a start-first rollout a starting third replica does not matter.
+        live_ready(
+            &mut c,
+            &[row("a", true), row("b", true), row("c", false)],
+            "edge",
+            Some(2),
+        );
+        assert_eq!(c[0].status, "True");
+        live_ready(&mut c, &[row("a", false), row("b", false)], "edge", Some(2));
+        assert_eq!(c[0].status, "False");
+        assert_eq!(c[0].reason, "ReplicasNotReady");
+        assert!(c[0].message.contains("0/2 replicas ready now"), "{c:?}");
+        assert!(c[0].message.contains("a: Envoy is LIVE but not listening"));
+
+        let mut c = recorded_ready();
+        live_ready(&mut c, &[row("a", true), row("b", false)], "edge", None);
+        assert_eq!(c[0].status, "False");
+        let mut c = recorded_ready();
+        live_ready(&mut c, &[], "edge", None);
+        assert_eq!(c[0].status, "False", "no replica at all is not ready");
     }
 }

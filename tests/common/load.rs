@@ -1,6 +1,8 @@
 #![allow(dead_code)]
-//! A keep-alive HTTP load generator for 127.0.0.1 that counts every failed request and the
-//! longest time without a successful response. Bounded: it stops when told, or at `max_time`.
+//! An HTTP load generator for 127.0.0.1 that counts every failed request and the longest time
+//! without a successful response: keep-alive clients ([`Load::start`]) or clients that open a
+//! new connection for every request ([`Load::start_per_request`]: what catches connections
+//! queued on a closing listener). Bounded: it stops when told, or at `max_time`.
 //! [`assert_no_failures`] is the one check every test under load makes.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -100,6 +102,16 @@ pub struct Load {
 impl Load {
     /// Starts `connections` keep-alive clients sending `GET path` to 127.0.0.1:port.
     pub fn start(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
+        Load::spawn(port, path, connections, max_time, false)
+    }
+
+    /// Starts `clients` clients that each open a connection, send one `GET path` with
+    /// `connection: close`, read the answer, and start over.
+    pub fn start_per_request(port: u16, path: &str, clients: usize, max_time: Duration) -> Load {
+        Load::spawn(port, path, clients, max_time, true)
+    }
+
+    fn spawn(port: u16, path: &str, connections: usize, max_time: Duration, close: bool) -> Load {
         let now = Instant::now();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -116,7 +128,7 @@ impl Load {
             .map(|_| {
                 let shared = shared.clone();
                 let path = path.to_string();
-                tokio::spawn(async move { client(port, path, shared, deadline).await })
+                tokio::spawn(async move { client(port, path, shared, deadline, close).await })
             })
             .collect();
         Load {
@@ -213,7 +225,7 @@ async fn connect(
     }
 }
 
-async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant) {
+async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant, close: bool) {
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         let Some(mut sender) = connect(port, &shared).await else {
             continue;
@@ -224,17 +236,18 @@ async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant)
                 // close`): not a failed request, open a new connection.
                 continue 'connection;
             }
-            let request = hyper::Request::get(path.as_str())
-                .header("host", "localhost")
-                .body(Empty::<Bytes>::new())
-                .expect("valid request");
+            let mut request = hyper::Request::get(path.as_str()).header("host", "localhost");
+            if close {
+                request = request.header("connection", "close");
+            }
+            let request = request.body(Empty::<Bytes>::new()).expect("valid request");
             let exchange = async {
                 let response = sender
                     .send_request(request)
                     .await
                     .map_err(|e| format!("request: {e}"))?;
                 let status = response.status();
-                let close = response
+                let closed_by_server = response
                     .headers()
                     .get("connection")
                     .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"close"));
@@ -243,17 +256,17 @@ async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant)
                     .collect()
                     .await
                     .map_err(|e| format!("body: {e}"))?;
-                Ok::<_, String>((status, close))
+                Ok::<_, String>((status, closed_by_server))
             };
             match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
-                Ok(Ok((status, close))) => {
+                Ok(Ok((status, closed_by_server))) => {
                     if status.is_success() {
                         record_ok(&shared);
                     } else {
                         shared.non_2xx.fetch_add(1, Ordering::Relaxed);
                         record_failure(&shared, format!("status {status}"));
                     }
-                    if close {
+                    if close || closed_by_server {
                         continue 'connection;
                     }
                 }

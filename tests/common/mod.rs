@@ -8,6 +8,7 @@
 
 pub mod eg;
 pub mod fleet;
+pub mod host;
 pub mod load;
 pub mod serve;
 pub mod xds;

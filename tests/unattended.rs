@@ -1,0 +1,469 @@
+//! Hosts nobody watches (issue 10, parts C, D, G and H): `berth serve` prepares the host
+//! itself, tells the truth about replicas that cannot bind their port after a reboot and
+//! repairs them, and one host runs 100+ replicas.
+//!
+//! These tests change kernel settings of the host (restored by [`HostGuard`], also on
+//! failure), so they run one at a time ([`HOST`]); containers are removed by label
+//! ([`common::Cleanup`]) even when a test fails.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use common::host::{self, HostGuard};
+use common::load::Load;
+use common::serve::*;
+use serde_json::Value;
+
+/// The host's kernel settings are shared: one test at a time.
+static HOST: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    HOST.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `berth <args>` against the case's config and state directory, with its test labels.
+fn berth(case: &Case, args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_berth"))
+        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
+        .arg("-f")
+        .arg(&case.config)
+        .arg("--state-dir")
+        .arg(case.state_dir.path())
+        .args(["--container-label", "io.berth.test=1"])
+        .arg("--container-label")
+        .arg(format!("io.berth.test.case={}", case.cleanup.case))
+        .args(args)
+        .output()
+        .expect("running berth")
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// `berth status --output json`.
+fn status_json(case: &Case) -> Value {
+    let out = berth(case, &["status", "--output", "json"]);
+    assert!(out.status.success(), "{}", text(&out));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// `berth_replica_ready` samples of serve's `/metrics`: (proxy, replica, value).
+fn replica_ready_metrics(serve: &Serve) -> Vec<(String, String, f64)> {
+    let (code, body) = serve.get("/metrics").expect("GET /metrics");
+    assert_eq!(code, 200, "{body}");
+    let label = |line: &str, key: &str| {
+        let start = line.find(&format!("{key}=\""))? + key.len() + 2;
+        let end = start + line[start..].find('"')?;
+        Some(line[start..end].to_string())
+    };
+    body.lines()
+        .filter(|l| l.starts_with("berth_replica_ready{"))
+        .filter_map(|l| {
+            Some((
+                label(l, "proxy")?,
+                label(l, "replica")?,
+                l.rsplit(' ').next()?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+/// Whether 127.0.0.1:port accepts a connection and answers a request.
+fn serving(port: u16) -> bool {
+    http_get(port, "/").is_some_and(|(code, _)| code == 200)
+}
+
+/// A proxy config with a rollout-relevant `log_level`.
+fn proxy_toml(name: &str, replicas: u32, port: u16, log_level: &str) -> String {
+    format!(
+        r#"[[proxy]]
+name = "{name}"
+image = "{image}"
+replicas = {replicas}
+log_level = "{log_level}"
+
+[proxy.resources]
+memory = "128Mi"
+
+[proxy.rollout]
+min_ready = "1s"
+
+[proxy.shutdown]
+drain_timeout = "5s"
+min_drain_duration = "0s"
+
+[[proxy.listener]]
+name = "web"
+port = {port}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "{name}\n" }}
+"#,
+        image = common::TEST_IMAGE
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. A serve-driven rollout on a host with tcp_migrate_req = 0, under connection-per-request load.
+
+/// Runs the rollout; returns the load report and the value of tcp_migrate_req it ran with.
+fn serve_rollout_under_per_request_load(
+    test: &str,
+    tune_host: bool,
+) -> (common::load::LoadReport, u64) {
+    let _host = HostGuard::new();
+    let case = Case::new(test);
+    let header = format!("tune_host = {tune_host}\n");
+    write_config(
+        &case.config,
+        &format!("{header}{}", proxy_toml(&case.name, 3, case.port, "info")),
+    );
+    // A host where only the service ever ran: nobody has set it.
+    host::set(host::MIGRATE_REQ, 0);
+    let serve = case.serve(&[]);
+    serve.wait_for("3 ready replicas", Duration::from_secs(90), |s| {
+        s.converged(&case.name, 3)
+    });
+    // Set back to 0 behind serve's back (a reboot, another tool): the rollout's own pass must
+    // prepare the host again, not only serve's start.
+    host::set(host::MIGRATE_REQ, 0);
+    let before: BTreeSet<String> = case.containers().into_iter().map(|c| c.1).collect();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let load = rt
+        .block_on(async { Load::start_per_request(case.port, "/", 16, Duration::from_secs(120)) });
+    std::thread::sleep(Duration::from_millis(500));
+    let started = Instant::now();
+    write_config(
+        &case.config,
+        &format!("{header}{}", proxy_toml(&case.name, 3, case.port, "warn")),
+    );
+    let took = serve.wait_for(
+        "the rollout to the new spec",
+        Duration::from_secs(120),
+        |s| s.converged(&case.name, 3) && case.containers().iter().all(|c| !before.contains(&c.1)),
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let migrate_req = host::get(host::MIGRATE_REQ).unwrap_or(0);
+    let report = rt.block_on(load.stop());
+    eprintln!(
+        "{test}: serve rolled 3 replicas in {took:?} (config write to converged; {:?} in all) \
+         with tcp_migrate_req={migrate_req}; load: {}",
+        started.elapsed(),
+        report.summary()
+    );
+    assert!(report.ok > 1000, "{}", report.summary());
+    assert_eq!(case.containers().len(), 3);
+    (report, migrate_req)
+}
+
+#[test]
+fn serve_rollout_on_a_host_with_migrate_req_off_loses_nothing() {
+    let _serial = serial();
+    let (report, migrate_req) = serve_rollout_under_per_request_load("unatt-migrate", true);
+    assert_eq!(
+        migrate_req, 1,
+        "serve's pass prepared the host before rolling"
+    );
+    assert_eq!(report.failed, 0, "{}", report.summary());
+}
+
+/// The same rollout with `tune_host = false`: what the test above guards against (serve says
+/// why it cannot help, and requests may fail). Run by hand for the figure; not asserted.
+#[test]
+#[ignore = "a control for the figure in the closing note: requests may fail by design"]
+fn control_serve_rollout_with_migrate_req_off_and_tune_host_off() {
+    let _serial = serial();
+    let (report, migrate_req) = serve_rollout_under_per_request_load("unatt-control", false);
+    assert_eq!(migrate_req, 0);
+    eprintln!("control: {} failed requests", report.failed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. A reboot: a proxy on a port below 1024 after the kernel forgot the setting.
+
+/// A port below 1024 that nothing listens on.
+fn free_low_port() -> u16 {
+    (900..1000)
+        .find(|p| std::net::TcpListener::bind(("0.0.0.0", *p)).is_ok())
+        .expect("a free port in 900..1000")
+}
+
+/// What a reboot does to the host and the replicas: the kernel settings are back to their
+/// defaults, and Docker starts the replicas again by restart policy (here: `docker restart`).
+/// Returns once every replica is LIVE again (by `berth status`, which probes) and the port
+/// is dead.
+fn reboot(case: &Case) -> Vec<String> {
+    host::set(host::PORT_START, 1024);
+    let ids: Vec<String> = case.containers().into_iter().map(|c| c.0).collect();
+    let out = Command::new("docker")
+        .args(["restart", "-t", "10"])
+        .args(&ids)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    let start = Instant::now();
+    loop {
+        let st = status_json(case);
+        let rows = st["replicas"].as_array().cloned().unwrap_or_default();
+        if rows.len() == ids.len() && rows.iter().all(|r| r["envoy"] == "LIVE") {
+            // LIVE, but nothing can bind the port: nothing may say ready.
+            for r in &rows {
+                assert_eq!(r["ready"], false, "{st:#}");
+                let reason = r["reason"].as_str().unwrap_or_default();
+                assert!(reason.contains(&format!("port(s) {}", case.port)), "{st:#}");
+            }
+            let ready = condition(&st["proxies"][&case.name], "Ready");
+            assert_ne!(ready["status"], "True", "berth status: {st:#}");
+            assert!(!serving(case.port));
+            return ids;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "the replicas did not come back LIVE: {st:#}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Samples serve's `/status`, its `/metrics` and `berth status` in turn until the port serves
+/// again, checking the port after each sample. A sample that says ready followed by a dead
+/// port is a lie (here the port only goes from dead to serving). Returns the time until the
+/// port served and how many samples were taken while it was dead.
+fn watch_repair(case: &Case, serve: &Serve, within: Duration) -> (Duration, u32) {
+    let start = Instant::now();
+    // Every turn takes one sample, taken while the port was dead unless it serves after it.
+    for turn in 0u32.. {
+        let lie = match turn % 3 {
+            0 => {
+                let p = serve.proxy(&case.name);
+                let ready = condition(&p, "Ready")["status"] == "True"
+                    || p["replicas"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["ready"] == true);
+                ready.then(|| format!("/status: {p:#}"))
+            }
+            1 => {
+                let metrics = replica_ready_metrics(serve);
+                metrics
+                    .iter()
+                    .any(|(proxy, _, v)| proxy == &case.name && *v != 0.0)
+                    .then(|| format!("/metrics berth_replica_ready: {metrics:?}"))
+            }
+            _ => {
+                let cli = status_json(case);
+                let ready = condition(&cli["proxies"][&case.name], "Ready")["status"] == "True"
+                    || cli["replicas"]
+                        .as_array()
+                        .into_iter()
+                        .flatten()
+                        .any(|r| r["ready"] == true);
+                ready.then(|| format!("berth status: {cli:#}"))
+            }
+        };
+        if serving(case.port) {
+            return (start.elapsed(), turn);
+        }
+        if let Some(lie) = lie {
+            panic!(
+                "says ready while port {} is dead: {lie}\nserve log:\n{}",
+                case.port,
+                serve.log_text()
+            );
+        }
+        assert!(
+            start.elapsed() < within,
+            "the port was not serving after {within:?}\nstatus: {:#}\nserve log:\n{}",
+            serve.proxy(&case.name),
+            serve.log_text()
+        );
+    }
+    unreachable!()
+}
+
+/// Replicas restored by Docker after the reboot were replaced, and the proxy is whole again.
+fn assert_repaired(case: &Case, serve: &Serve, restarted: &[String]) {
+    serve.wait_for("2 ready replicas again", Duration::from_secs(90), |s| {
+        s.converged(&case.name, 2)
+    });
+    let now: Vec<String> = case.containers().into_iter().map(|c| c.0).collect();
+    assert!(
+        now.iter().all(|id| !restarted.contains(id)),
+        "every replica that could not bind was replaced: {restarted:?} → {now:?}"
+    );
+    assert!(serving(case.port));
+    assert!(host::get(host::PORT_START).unwrap() <= u64::from(case.port));
+}
+
+#[test]
+fn after_a_reboot_serve_brings_a_low_port_back_and_nothing_says_ready_until_then() {
+    let _serial = serial();
+    let _host = HostGuard::new();
+    let mut case = Case::new("unatt-reboot");
+    case.port = free_low_port();
+    write_config(&case.config, &proxy_toml(&case.name, 2, case.port, "info"));
+    host::set(host::PORT_START, 1024);
+    let mut serve = case.serve(&[]);
+    serve.wait_for("2 ready replicas", Duration::from_secs(90), |s| {
+        s.converged(&case.name, 2)
+    });
+    assert!(serving(case.port));
+    assert!(host::get(host::PORT_START).unwrap() <= u64::from(case.port));
+    let dropin = std::fs::read_to_string(common::TEST_SYSCTL_DROPIN).unwrap();
+    assert!(
+        dropin.contains(&format!(
+            "net.ipv4.ip_unprivileged_port_start = {}",
+            case.port
+        )),
+        "{dropin}"
+    );
+
+    // (a) serve keeps running, but misses the moment (frozen while the host reboots, as if
+    // it were slow to notice): when it wakes up, the record of its last pass says Ready.
+    serve.signal(libc::SIGSTOP);
+    let restarted = reboot(&case);
+    serve.signal(libc::SIGCONT);
+    let (repaired, samples) = watch_repair(&case, &serve, Duration::from_secs(90));
+    assert_repaired(&case, &serve, &restarted);
+    eprintln!(
+        "reboot with serve running: port {} serving {repaired:?} after serve resumed \
+         ({samples} samples while it was dead)",
+        case.port
+    );
+
+    // (b) serve starts after the reboot, as its systemd unit would: it puts the settings back
+    // before anything else, then repairs the replicas Docker restored.
+    serve.signal(libc::SIGTERM);
+    let (exit, _) = serve.wait_exit(Duration::from_secs(60));
+    assert!(exit.success(), "{}", serve.log_text());
+    let first_log = serve.log_text();
+    drop(serve);
+    let restarted = reboot(&case);
+    let started = Instant::now();
+    let serve = case.serve(&[]);
+    // The status server binds after the host is prepared.
+    assert!(
+        host::get(host::PORT_START).unwrap() <= u64::from(case.port),
+        "serve answered before preparing the host"
+    );
+    let (repaired, samples) = watch_repair(&case, &serve, Duration::from_secs(90));
+    assert_repaired(&case, &serve, &restarted);
+    let log = serve.log_text();
+    let log = &log[first_log.len().min(log.len())..];
+    let set_at = log
+        .find(&format!(
+            "net.ipv4.ip_unprivileged_port_start 1024 → {}",
+            case.port
+        ))
+        .unwrap_or_else(|| panic!("serve says what it set:\n{log}"));
+    let first_step = ["replacing", "creating", "created", "removing"]
+        .iter()
+        .filter_map(|w| log.find(w))
+        .min()
+        .unwrap_or_else(|| panic!("serve replaced the replicas:\n{log}"));
+    assert!(set_at < first_step, "host prepared before any step:\n{log}");
+    eprintln!(
+        "reboot, then serve: port {} serving {repaired:?} after /healthz answered, {:?} after \
+         serve was started ({samples} samples while it was dead)",
+        case.port,
+        started.elapsed()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. 100+ replicas on one host.
+
+const PROXIES: usize = 34;
+const REPLICAS: u32 = 3;
+
+fn fleet_config(case: &Case, ports: &[u16], header: &str) -> String {
+    let mut text = header.to_string();
+    for (i, port) in ports.iter().enumerate() {
+        text.push_str(&proxy_toml(
+            &format!("{}-{i:02}", case.name),
+            REPLICAS,
+            *port,
+            "info",
+        ));
+        text.push('\n');
+    }
+    text
+}
+
+fn distinct_free_ports(n: usize) -> Vec<u16> {
+    // Hold them all while picking, so no two are the same.
+    let held: Vec<std::net::TcpListener> = (0..n)
+        .map(|_| std::net::TcpListener::bind("127.0.0.1:0").unwrap())
+        .collect();
+    held.iter()
+        .map(|l| l.local_addr().unwrap().port())
+        .collect()
+}
+
+#[test]
+fn preflight_refuses_a_fleet_the_inotify_limit_cannot_hold_and_changes_nothing() {
+    let _serial = serial();
+    let _host = HostGuard::new();
+    let case = Case::new("unatt-refuse");
+    let ports = distinct_free_ports(PROXIES);
+    write_config(
+        &case.config,
+        &fleet_config(&case, &ports, "tune_host = false\n"),
+    );
+    host::set(host::INOTIFY_INSTANCES, 128);
+    let dropin_before = std::fs::read(common::TEST_SYSCTL_DROPIN).ok();
+    let out = berth(&case, &["up"]);
+    assert!(!out.status.success(), "{}", text(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    let need = PROXIES as u64 * u64::from(REPLICAS + 1) * 3;
+    for want in [
+        "fs.inotify.max_user_instances".to_string(),
+        format!("{need} inotify instances"),
+        "is 128".to_string(),
+        "sysctl -w fs.inotify.max_user_instances=".to_string(),
+        "tune_host".to_string(),
+        "nothing was changed".to_string(),
+    ] {
+        assert!(err.contains(&want), "{want:?} missing from:\n{err}");
+    }
+    assert_eq!(host::get(host::INOTIFY_INSTANCES), Some(128));
+    assert!(case.containers().is_empty());
+    let all = Command::new("docker")
+        .args(["ps", "-aq", "--filter"])
+        .arg(format!("label={}", case.cleanup.filter()))
+        .output()
+        .unwrap();
+    assert!(all.stdout.is_empty(), "no container was created");
+    assert_eq!(
+        std::fs::read(common::TEST_SYSCTL_DROPIN).ok(),
+        dropin_before,
+        "the drop-in is untouched"
+    );
+    assert!(
+        !Path::new(case.state_dir.path()).join("proxies").exists()
+            || std::fs::read_dir(case.state_dir.path().join("proxies"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "no proxy state was written"
+    );
+    eprintln!("refusal:\n{err}");
+}
