@@ -9,6 +9,9 @@
 //! front of running replicas and waits for each to confirm them.
 //! [`serve`] is the long-running manager; [`eg_provider`] is Envoy Gateway's remote
 //! infrastructure service; [`status`] is what runs now; [`cli`] is the thin front.
+//! [`lock`] keeps one writer per state directory; [`control`] is serve's local API, to which
+//! `up` hands its request while serve holds the lock; [`exit`] says how a command ends (exit
+//! code and text), the same whether it ran locally or in serve.
 
 pub mod admin;
 pub mod cli;
