@@ -38,6 +38,8 @@ struct Serve {
     child: Child,
     log: PathBuf,
     socket: PathBuf,
+    /// serve's status server (`/status`).
+    status_port: u16,
 }
 
 impl Serve {
@@ -64,6 +66,7 @@ remote = "unix://{sock}"
         )
         .unwrap();
         let log = dir.join("serve.log");
+        let status_port = free_port();
         let child = berth()
             .arg("-f")
             .arg(&config)
@@ -72,13 +75,21 @@ remote = "unix://{sock}"
             .args(["--container-label", "io.berth.test=1"])
             .arg("--container-label")
             .arg(format!("io.berth.test.case={}", cleanup.case))
-            .args(["serve", "--listen", "off", "--resync", "300s"])
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{status_port}"))
+            .args(["--resync", "300s"])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .expect("starting berth serve");
-        let s = Serve { child, log, socket };
+        let s = Serve {
+            child,
+            log,
+            socket,
+            status_port,
+        };
         let start = Instant::now();
         while !s.socket.exists() {
             assert!(
@@ -368,6 +379,24 @@ async fn remote_provider_drives_serve_end_to_end() {
     for r in &rows {
         assert_eq!(r["envoy"], "LIVE", "{r}");
         assert_eq!(r["xds"]["connected"], true, "{r}");
+        assert_eq!(r["xds"]["rejected"], 0, "{r}");
+    }
+    // serve's /status says the same per replica.
+    let (code, body) = common::serve::http_get(serve.status_port, "/status").expect("/status");
+    assert_eq!(code, 200, "{body}");
+    let served: Value = serde_json::from_str(&body).unwrap();
+    let proxy = served["proxies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["name"] == PROXY)
+        .cloned()
+        .unwrap_or_else(|| panic!("{PROXY} in /status: {served:#}"));
+    let replicas = proxy["replicas"].as_array().unwrap();
+    assert_eq!(replicas.len(), 2, "{proxy:#}");
+    for r in replicas {
+        assert_eq!(r["xds"]["listeners"], "v1", "{r}");
+        assert_eq!(r["xds"]["clusters"], "v1", "{r}");
         assert_eq!(r["xds"]["rejected"], 0, "{r}");
     }
 
