@@ -38,8 +38,61 @@ def terminate_on_sigterm():
     signal.signal(signal.SIGTERM, handler)
 
 
+# berth tunes the host as root (tcp_migrate_req, inotify instances for 100 replicas): its
+# drop-in goes here, never to /etc/sysctl.d, and `HostSysctls` puts the values back at the end.
+SYSCTL_DROPIN = "/tmp/berth-bench-sysctl.d/60-berth.conf"
+SYSCTLS = ("net/ipv4/tcp_migrate_req", "net/ipv4/ip_unprivileged_port_start",
+           "fs/inotify/max_user_instances", "fs/inotify/max_user_watches")
+
+
 def berth(cfg, state, label, *args):
-    return ["env", f"BERTH_STATE_DIR={state}", BERTH, "-f", cfg, "--container-label", label, *args]
+    return ["env", f"BERTH_STATE_DIR={state}", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}", BERTH,
+            "-f", cfg, "--container-label", label, *args]
+
+
+class HostSysctls:
+    """Restores the kernel settings berth may raise, as a benchmark found them."""
+
+    def __enter__(self):
+        self.saved = {}
+        for k in SYSCTLS:
+            try:
+                with open(f"/proc/sys/{k}") as f:
+                    self.saved[k] = f.read().strip()
+            except OSError:
+                pass
+        return self
+
+    def __exit__(self, *exc):
+        for k, v in self.saved.items():
+            try:
+                with open(f"/proc/sys/{k}", "w") as f:
+                    f.write(v)
+            except OSError as e:
+                sys.stderr.write(f"could not restore {k}={v}: {e}\n")
+        shutil.rmtree(os.path.dirname(SYSCTL_DROPIN), ignore_errors=True)
+        return False
+
+
+def container_ids(label):
+    """The IDs of every container carrying the label (running or not), sorted."""
+    return sorted(sh("docker", "ps", "-aq", "--no-trunc", "--filter", f"label={label}").stdout.split())
+
+
+DOCKER_SOCKET = "/var/run/docker.sock"
+
+
+def floor_list():
+    """The physical floor of a no-op: seconds for a fresh process (curl) to get one answer to
+    GET /containers/json from the Docker daemon on this machine."""
+    t, _ = timed("curl", "-sS", "-o", "/dev/null", "--unix-socket", DOCKER_SOCKET,
+                 "http://localhost/containers/json")
+    return t
+
+
+# Envoy's worker threads per replica, pinned equally on both sides of every comparison (berth's
+# `concurrency`, compose's `--concurrency`).
+CONCURRENCY = 1
 
 
 def fleet_toml(n_proxies, replicas, base_port, prefix, min_ready="2s", image=IMAGE, drain_timeout="5s"):
@@ -53,6 +106,7 @@ def fleet_toml(n_proxies, replicas, base_port, prefix, min_ready="2s", image=IMA
 name = "{name}"
 image = "{image}"
 replicas = {replicas}
+concurrency = {CONCURRENCY}
 [proxy.rollout]
 min_ready = "{min_ready}"
 drain_timeout = "{drain_timeout}"
@@ -110,7 +164,7 @@ def compose_project(d, n, replicas, base_port, label, image=IMAGE):
     security_opt: ["no-new-privileges:true"]
     tmpfs: ["/tmp:mode=1777"]
     volumes: ["{path}:/etc/envoy/bootstrap.yaml:ro"]
-    command: ["-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", "1"]
+    command: ["-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", "{CONCURRENCY}"]
 """)
     with open(os.path.join(d, "docker-compose.yml"), "w") as f:
         f.write('version: "2.4"\nservices:\n' + "".join(services))
@@ -218,7 +272,7 @@ def floor_run(d, port, label):
              "--restart", "unless-stopped", "--read-only", "--cap-drop", "ALL",
              "--security-opt", "no-new-privileges:true",
              "-v", f"{path}:/etc/envoy/bootstrap.yaml:ro", "-v", f"{run}:/run/berth",
-             IMAGE, "-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", "1").stdout.strip()
+             IMAGE, "-c", "/etc/envoy/bootstrap.yaml", "--disable-hot-restart", "--concurrency", str(CONCURRENCY)).stdout.strip()
     ok = wait_ready_socket(sock)
     elapsed = time.monotonic() - t
     sh("docker", "rm", "-f", cid, check=False)

@@ -1,5 +1,8 @@
--- wrk script: tracks the longest time between two successful (2xx) responses per thread and
--- prints the largest as "MAXGAP <seconds>" when wrk finishes.
+-- wrk script: the outage, i.e. the longest time without a successful (2xx) response on any
+-- connection. Each thread marks the milliseconds (CLOCK_MONOTONIC, shared by the threads) in
+-- which it got a 2xx; `done` merges the threads' marks and prints the longest run of
+-- milliseconds that no thread marked as "OUTAGE <seconds>" (1 ms resolution), and each thread's
+-- own longest gap between two 2xx as "MAXGAP <seconds>".
 local ffi = require("ffi")
 ffi.cdef [[
   typedef struct { long tv_sec; long tv_nsec; } berth_timespec;
@@ -17,6 +20,7 @@ function setup(thread) table.insert(threads, thread) end
 function init(args)
   last = now()
   maxgap = 0
+  ok_ms = {}
 end
 
 function response(status, headers, body)
@@ -24,14 +28,26 @@ function response(status, headers, body)
     local t = now()
     if t - last > maxgap then maxgap = t - last end
     last = t
+    ok_ms[math.floor(t * 1000)] = true
   end
 end
 
 function done(summary, latency, requests)
   local m = 0
+  local all = {}
   for _, t in ipairs(threads) do
     local g = t:get("maxgap")
     if g and g > m then m = g end
+    for ms, _ in pairs(t:get("ok_ms") or {}) do all[ms] = true end
+  end
+  local sorted = {}
+  for ms, _ in pairs(all) do table.insert(sorted, ms) end
+  table.sort(sorted)
+  local outage = 0
+  for i = 2, #sorted do
+    local gap = sorted[i] - sorted[i - 1]
+    if gap > outage then outage = gap end
   end
   io.write(string.format("MAXGAP %.4f\n", m))
+  io.write(string.format("OUTAGE %.3f\n", outage / 1000))
 end

@@ -10,12 +10,19 @@ Both fleets are 3 Envoy replicas on one host port (host networking, SO_REUSEPORT
 - compose: `docker-compose up -d` after the image changes in the compose file, ROLLOUTS times;
 - before any load, each fleet must serve on 127.0.0.1:PORT from 3 Envoy processes (asserted);
   each rollout ends when the port again serves from 3 processes, then the load runs 2s more;
-- failed requests = wrk socket errors + non-2xx; longest gap without a 2xx (wrk Lua, per thread);
+- the same load window on both sides: SETTLE s of load, the rollout command, until the port
+  serves from 3 processes again, SETTLE s more; nothing else runs in it;
+- failed requests = wrk socket errors + non-2xx, split into connect errors (wrk reconnecting in
+  a loop while no listener is open: they count attempts, not clients) and the others, and per
+  connection (50); the outage = the longest time without a 2xx on any connection (wrk Lua,
+  threads merged, 1 ms resolution);
 - per-replica time: from berth's `replacing` event of a slot to the `removed` event of that
   slot's old container (events timestamped as they arrive), split into create+start until LIVE,
   min_ready (configured), drain (from the `drained` event) and stop+remove, against the floor:
-  `docker run` of one hardened Envoy until /ready is LIVE, measured in the same run, under the
-  same wrk load just before each berth rollout (and once without load, for reference).
+  `docker run` of one hardened Envoy until /ready is LIVE, measured in the same run under the
+  same wrk load in a load window of its own just before each berth rollout's (and once without
+  load, for reference);
+- Envoy runs with one worker (--concurrency 1) on both sides.
 
 Its own label (io.berth.bench=rollout), proxy name (rb0), compose project (bbrollout) and ports
 (21700, floor 21701): it never touches another benchmark's containers.
@@ -23,7 +30,7 @@ Its own label (io.berth.bench=rollout), proxy name (rb0), compose project (bbrol
 import json, os, re, signal, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, bench_label, berth, cleanup, compose, compose_project, fleet_toml,  # noqa: E402
+from common import (BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cleanup, compose, compose_project, fleet_toml,  # noqa: E402
                     floor_run, remove_labelled, running, sh, terminate_on_sigterm, wait_serving)
 
 ROLLOUTS = int(os.environ.get("BENCH_ROLLOUTS", "10"))
@@ -37,6 +44,7 @@ FLOOR_PORT = BASE_PORT + 701
 REPLICAS = 3
 MIN_READY_S, DRAIN = 1.0, "10s"
 SETTLE = 2.0            # seconds of load before and after each rollout
+CONNECTIONS, THREADS = 50, 2
 WRK_MAX = 600           # wrk's own bound (-d); it is stopped with SIGINT long before
 ROLLOUT_DEADLINE = 180  # one `berth up` / `docker-compose up -d` may take at most this long
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -46,30 +54,34 @@ children = []  # every wrk and `berth up` started, killed in main's finally befo
 
 def start_wrk(port):
     p = subprocess.Popen(
-        ["wrk", "-t2", "-c50", f"-d{WRK_MAX}s", "-s", os.path.join(HERE, "gap.lua"), f"http://127.0.0.1:{port}/"],
+        ["wrk", f"-t{THREADS}", f"-c{CONNECTIONS}", f"-d{WRK_MAX}s", "-s", os.path.join(HERE, "gap.lua"), f"http://127.0.0.1:{port}/"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     children.append(p)
     return p
 
 
 def stop_wrk(p):
-    """SIGINT (wrk prints its summary); socket errors + non-2xx, requests, longest 2xx gap."""
+    """SIGINT (wrk prints its summary): connect errors, other socket errors + non-2xx, requests,
+    the outage (longest time without a 2xx on any connection), each thread's longest 2xx gap."""
     if p.poll() is not None:
         raise SystemExit(f"wrk ended before it was stopped (exit {p.returncode}):\n{p.stdout.read()}")
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
     reqs = re.search(r"(\d+) requests in", out)
     gap = re.search(r"MAXGAP ([\d.]+)", out)
-    if not reqs or not gap:
+    outage = re.search(r"OUTAGE ([\d.]+)", out)
+    if not reqs or not gap or not outage:
         raise SystemExit(f"cannot read wrk's summary:\n{out}")
-    errors = 0
+    connect = other = 0
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
     if m:
-        errors += sum(int(x) for x in m.groups())
+        connect = int(m.group(1))
+        other += sum(int(x) for x in m.groups()[1:])
     m = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if m:
-        errors += int(m.group(1))
-    return dict(errors=errors, reqs=int(reqs.group(1)), gap=float(gap.group(1)), wrk=out)
+        other += int(m.group(1))
+    return dict(errors=connect + other, connect=connect, other=other, reqs=int(reqs.group(1)),
+                gap=float(gap.group(1)), outage=float(outage.group(1)), wrk=out)
 
 
 def images(label):
@@ -146,13 +158,16 @@ def berth_rollouts(d, state, floors, floors_idle):
     log_path = os.path.join(d, "berth-up.log")
     for i in range(ROLLOUTS):
         floors_idle.append(floor_run(d, FLOOR_PORT, LABEL))
+        # The floor under the same load as the replicas berth starts next (its own port), in a
+        # load window of its own: berth's window below holds the rollout alone, as compose's.
+        wrk = start_wrk(PORT)
+        time.sleep(SETTLE / 2)
+        floors.append(floor_run(d, FLOOR_PORT, LABEL))
+        stop_wrk(wrk)
         image = NEW if i % 2 == 0 else OLD
         write(image)
         wrk = start_wrk(PORT)
-        time.sleep(SETTLE / 2)
-        # The floor under the same load as the replicas berth starts next (its own port).
-        floors.append(floor_run(d, FLOOR_PORT, LABEL))
-        time.sleep(SETTLE / 2)
+        time.sleep(SETTLE)
         t0 = time.monotonic()
         with open(log_path, "w") as log:
             rc, total, events = berth_up_events(berth(cfg, state, LABEL, "--output", "json", "up"), log)
@@ -209,8 +224,9 @@ def main():
         sys.stderr.write(f"removed containers left by an earlier run ({LABEL})\n")
     try:
         floors, floors_idle = [], []
-        b = berth_rollouts(d, state, floors, floors_idle)
-        c = compose_rollouts(cdir)
+        with HostSysctls():
+            b = berth_rollouts(d, state, floors, floors_idle)
+            c = compose_rollouts(cdir)
     finally:
         for p in children:
             if p.poll() is None:
@@ -222,23 +238,38 @@ def main():
 
 def report(b, c, floors, floors_idle):
     med = statistics.median
-    w = 44
+    w = 52
     print()
     print(f"Rolling upgrade of {REPLICAS} replicas ({OLD} <-> {NEW}) under wrk load "
-          f"(50 keep-alive connections, 2 threads), {ROLLOUTS} rollouts each")
+          f"({CONNECTIONS} keep-alive connections, {THREADS} threads, 127.0.0.1), {ROLLOUTS} rollouts each.")
+    print("Baseline: Debian's docker-compose 1.29 (Python; compose v2 cannot be installed on this host),")
+    print("`up -d` after the image changed: it stops and recreates every replica at once, so the port")
+    print("is closed for a while and wrk's connections reconnect in a loop; each failed attempt counts")
+    print("as a connect error. Compare the outage and the failures per connection, not the raw count.")
+    print(f"Same load window on both sides ({SETTLE:.0f} s of load, the rollout, until 3 processes serve again,"
+          f" {SETTLE:.0f} s more);")
+    print(f"Envoy --concurrency {CONCURRENCY} on both sides; net.ipv4.tcp_migrate_req=1 (set by berth) for both.")
     print(f"{'':<{w}} {'berth':>14} {'docker-compose':>16}")
     print("-" * (w + 32))
 
     def row(name, f, fmt):
         print(f"{name:<{w}} {format(f(b), fmt):>14} {format(f(c), fmt):>16}")
+    row("outage: longest time without any 2xx (max), s", lambda rs: max(r["outage"] for r in rs), ".3f")
+    row("outage (median of the rollouts), s", lambda rs: med([r["outage"] for r in rs]), ".3f")
+    row("failed requests per connection (per rollout, max)",
+        lambda rs: max(r["errors"] for r in rs) / CONNECTIONS, ".1f")
     row("failed requests, total", lambda rs: sum(r["errors"] for r in rs), "d")
+    row("  of which connect errors (reconnect attempts)", lambda rs: sum(r["connect"] for r in rs), "d")
+    row("  of which read/write/timeout errors + non-2xx", lambda rs: sum(r["other"] for r in rs), "d")
     row("failed requests, worst rollout", lambda rs: max(r["errors"] for r in rs), "d")
     row("requests served, total", lambda rs: sum(r["reqs"] for r in rs), "d")
-    row("longest gap without a 2xx (max), s", lambda rs: max(r["gap"] for r in rs), ".3f")
     row("rollout command time (median), s", lambda rs: med([r["total"] for r in rs]), ".2f")
     row("until 3 replicas serve again (median), s", lambda rs: med([r["serving"] for r in rs]), ".2f")
     row("rollouts that failed (exit != 0)", lambda rs: sum(1 for r in rs if r["rc"] != 0), "d")
     row("rollouts not on the new image after", lambda rs: sum(1 for r in rs if not r["on_new_image"]), "d")
+    print("  waits for: berth: validate the new bootstrap, per replica start, LIVE + listeners bound,")
+    print(f"    min_ready {MIN_READY_S:.0f} s, drain the old one until 0 connections, stop + remove; compose: nothing")
+    print("    (stop and recreate; 'until 3 replicas serve again' polls from the benchmark, 0.1 s steps).")
     print()
     per = [x for r in b for x in r["replicas"]]
     floor = med(floors)
@@ -269,10 +300,11 @@ def report(b, c, floors, floors_idle):
           f" + {comp['drain']:.2f} = {goal:.2f}s -> {'met' if comp['total'] <= goal else 'NOT met'}"
           f" (median {comp['total']:.2f}s; {met} of {len(per)} replacements within their own goal)")
     print()
-    print("per rollout:   berth: failed / requests / gap / time     compose: failed / requests / gap / time")
+    print("per rollout:   berth: failed (connect) / requests / outage / time"
+          "     compose: failed (connect) / requests / outage / time")
     for i, (x, y) in enumerate(zip(b, c)):
-        print(f"  {i + 1:>3}  {x['errors']:>12} {x['reqs']:>9} {x['gap']:>6.3f}s {x['total']:>6.2f}s"
-              f"  {y['errors']:>18} {y['reqs']:>9} {y['gap']:>6.3f}s {y['total']:>6.2f}s")
+        print(f"  {i + 1:>3}  {x['errors']:>8} ({x['connect']:>6}) {x['reqs']:>9} {x['outage']:>6.3f}s {x['total']:>6.2f}s"
+              f"  {y['errors']:>12} ({y['connect']:>6}) {y['reqs']:>9} {y['outage']:>6.3f}s {y['total']:>6.2f}s")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Benchmarks, each printing a table:   scripts/bench.sh noop | rollout | serve | all
+# Benchmarks, each printing its tables:   scripts/bench.sh noop | rollout | serve | all
 # Short runs: BENCH_RUNS (noop, default 5), BENCH_ROLLOUTS (rollout, default 10),
 # BENCH_ROUNDS (serve, default 5). Each benchmark has its own container label, proxy names,
-# compose project and ports, and removes its containers and directories when it ends.
+# compose project and ports, and removes its containers and directories when it ends; traffic
+# goes to 127.0.0.1 only.
+# Each run's raw output, headed by the commit, the date and the tool versions, is written to
+# bench/results/<name>.txt (BENCH_RESULTS=DIR elsewhere): README's figures quote those files.
+# On a shared host, run it under the Docker lock: flock -o /tmp/berth-docker.lock scripts/bench.sh noop
 set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
@@ -15,11 +19,37 @@ need() {  # need COMMAND PACKAGE
 }
 case "$which" in noop|rollout|all) need docker-compose docker-compose ;; esac
 case "$which" in rollout|all) need wrk wrk ;; esac
+need curl curl
 scripts/test-images.sh >/dev/null
-cargo build --release --quiet
+cargo build --release --quiet --bin berth
+results=${BENCH_RESULTS:-bench/results}
+mkdir -p "$results"
+
+header() {  # header NAME
+  local dirty=""
+  git diff --quiet HEAD -- src templates bench scripts Cargo.toml || dirty=" (with uncommitted changes)"
+  echo "# scripts/bench.sh $1"
+  echo "date:           $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit:         $(git rev-parse HEAD)$dirty"
+  echo "berth:          $(target/release/berth --version) (release build)"
+  echo "docker:         $(docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}')"
+  echo "docker-compose: $(docker-compose version --short) (Debian package, Python $(python3 -c 'import platform; print(platform.python_version())'))"
+  echo "wrk:            $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+  echo "envoy:          $(for v in 1.39.3 1.40.0; do docker run --rm --network none "berth/envoy:$v" --version \
+                            | grep -o 'version: [^ ]*' | head -n1 | sed "s|^|berth/envoy:$v |"; done | paste -sd';' -)"
+  echo "host:           $(uname -sr), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
+  echo "note:           one modest run on a host shared with 8 engineers' builds and tests (2 cores):"
+  echo "                expect noise; compare the two sides of one run, not runs with each other."
+}
+
+run() {  # run NAME
+  local out="$results/$1.txt"
+  { header "$1"; python3 "bench/$1.py"; } | tee "$out.tmp"
+  mv "$out.tmp" "$out"
+  echo "(written to $out)"
+}
+
 case "$which" in
-  noop) python3 bench/noop.py ;;
-  rollout) python3 bench/rollout.py ;;
-  serve) python3 bench/serve.py ;;
-  all) python3 bench/noop.py; python3 bench/rollout.py; python3 bench/serve.py ;;
+  all) run noop; run rollout; run serve ;;
+  *) run "$which" ;;
 esac
