@@ -96,6 +96,8 @@ pub struct FakeEngine {
     world: Mutex<World>,
     events: broadcast::Sender<ContainerEvent>,
     calls: AtomicU64,
+    /// `/ready` asked of any container's Envoy.
+    ready_asks: AtomicU64,
 }
 
 impl Default for FakeEngine {
@@ -104,6 +106,7 @@ impl Default for FakeEngine {
             world: Mutex::new(World::default()),
             events: broadcast::channel(1024).0,
             calls: AtomicU64::new(0),
+            ready_asks: AtomicU64::new(0),
         }
     }
 }
@@ -143,6 +146,11 @@ impl FakeEngine {
     /// "remove berth-edge-0-…".
     pub fn history(&self) -> Vec<String> {
         self.lock().history.clone()
+    }
+
+    /// How often any container's Envoy was asked for `/ready`.
+    pub fn ready_asks(&self) -> u64 {
+        self.ready_asks.load(Ordering::Relaxed)
     }
 
     /// Every container, as created.
@@ -532,6 +540,7 @@ impl AdminApi for FakeAdmin {
     }
 
     async fn ready(&self) -> anyhow::Result<ReadyState> {
+        self.engine.ready_asks.fetch_add(1, Ordering::Relaxed);
         self.with(|c, b| {
             if c.health_failed {
                 ReadyState::Draining

@@ -173,6 +173,7 @@ impl Infrastructure for DockerHost {
         let observed = self.observe_proxy(name).await?;
         let facts = self.facts(desired, &observed).await;
         let fresh = !facts.any_ready;
+        let probes = facts.probes;
         let plan = plan::plan_with(
             std::slice::from_ref(desired),
             &observed,
@@ -240,9 +241,13 @@ impl Infrastructure for DockerHost {
         if !actions.is_empty() {
             run.prune(target).await?;
         }
-        let readiness = self
-            .readiness(desired, actions.is_empty().then_some(observed.as_slice()))
-            .await?;
+        // Nothing changed since the facts were probed: their probes are the readiness.
+        let readiness = if actions.is_empty() && matches!(delivery, Delivery::Unchanged) {
+            observe::tally(desired, &observed, &probes)
+        } else {
+            self.readiness(desired, actions.is_empty().then_some(observed.as_slice()))
+                .await?
+        };
         Ok(Converged {
             delivery,
             actions: done,

@@ -20,6 +20,9 @@ pub(super) struct Observation {
     pub planner: ProxyFacts,
     /// Some replica of the proxy (any spec) is ready: it serves now.
     pub any_ready: bool,
+    /// The probe of every running container, by id: what a converge that changed nothing
+    /// reports as the proxy's readiness, without asking each Envoy again.
+    pub probes: BTreeMap<String, Readiness>,
 }
 
 impl DockerHost {
@@ -159,6 +162,7 @@ impl DockerHost {
                 bootstrap_tampered,
                 not_serving,
             },
+            probes,
         }
     }
 
@@ -193,27 +197,43 @@ impl DockerHost {
             .filter(|c| c.spec_hash() == Some(desired.hash.as_str()))
             .collect();
         let probes = self.probe_all(&mine, |_| desired.expect()).await;
-        let mut out = ProxyReadiness {
-            wanted: desired.replicas,
-            ..Default::default()
-        };
-        for c in &mine {
-            match probes.get(&c.id) {
-                Some(Readiness::Ready) => out.ready += 1,
-                Some(other) => out.not_ready.push((c.name.clone(), other.clone())),
-                None => out.not_ready.push((
-                    c.name.clone(),
-                    Readiness::NotReady {
-                        reason: NotReady::AdminUnreachable {
-                            detail: format!("the container is {}", c.state),
-                        },
-                    },
-                )),
-            }
-        }
-        Ok(out)
+        Ok(tally(desired, &mine, &probes))
     }
+}
 
+/// The desired spec's replicas among `observed`, counted by their probes (a replica without a
+/// probe is not running). The facts' probes expect of the desired spec's replicas what
+/// [`DockerHost::readiness`] does, so a converge that changed nothing counts those.
+pub(super) fn tally(
+    desired: &DesiredProxy,
+    observed: &[ObservedContainer],
+    probes: &BTreeMap<String, Readiness>,
+) -> ProxyReadiness {
+    let mut out = ProxyReadiness {
+        wanted: desired.replicas,
+        ..Default::default()
+    };
+    for c in observed
+        .iter()
+        .filter(|c| c.spec_hash() == Some(desired.hash.as_str()))
+    {
+        match probes.get(&c.id) {
+            Some(Readiness::Ready) => out.ready += 1,
+            Some(other) => out.not_ready.push((c.name.clone(), other.clone())),
+            None => out.not_ready.push((
+                c.name.clone(),
+                Readiness::NotReady {
+                    reason: NotReady::AdminUnreachable {
+                        detail: format!("the container is {}", c.state),
+                    },
+                },
+            )),
+        }
+    }
+    out
+}
+
+impl DockerHost {
     /// One status row per container, probed, with its observed generation.
     pub(super) async fn rows(&self, observed: &[ObservedContainer]) -> Vec<ReplicaStatus> {
         // The subscriptions each proxy's watched files define, read once per proxy.

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::DockerHost;
+use crate::admin::AdminConnector;
 use crate::engine::fake::{Behavior, FakeEngine};
 use crate::engine::{RunState, User};
 use crate::infrastructure::{ConvergeError, ConvergeRequest, Converged, Gate, Infrastructure};
@@ -150,6 +151,43 @@ async fn a_fresh_proxy_is_validated_then_created_and_ready() {
         "a no-op converge only looks: {:?}",
         &after[before..]
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_no_op_converge_probes_each_replica_once() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge(&w, &t).await.unwrap();
+    let before = w.engine.ready_asks();
+    let again = converge(&w, &t).await.unwrap();
+    assert_eq!(again.actions, Default::default());
+    assert_eq!((again.readiness.ready, again.readiness.wanted), (3, 3));
+    assert!(again.readiness.not_ready.is_empty(), "{}", again.readiness);
+    // The facts' probes are the readiness: no second round of /ready.
+    assert_eq!(w.engine.ready_asks() - before, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_no_op_converge_reports_a_replica_that_stopped_serving() {
+    let w = world();
+    let t = target(&w, OLD, 2, "rollback");
+    converge(&w, &t).await.unwrap();
+    // One replica fails its health check (DRAINING): nothing for the planner to replace, and
+    // the readiness taken from the facts still says so.
+    let victim = w.engine.containers().remove(0);
+    let run = victim.labels.get("io.berth.name").unwrap_or(&victim.name);
+    w.engine
+        .connect(
+            &w.host.state.proxy("edge").admin_socket(run),
+            Duration::from_secs(1),
+        )
+        .healthcheck_fail()
+        .await
+        .unwrap();
+    let again = converge(&w, &t).await.unwrap();
+    assert_eq!(again.readiness.ready, 1, "{}", again.readiness);
+    assert_eq!(again.readiness.not_ready.len(), 1, "{}", again.readiness);
+    assert_eq!(again.readiness.not_ready[0].0, victim.name);
 }
 
 #[tokio::test(start_paused = true)]
