@@ -109,8 +109,8 @@ replicas = {replicas}
 concurrency = {CONCURRENCY}
 [proxy.rollout]
 min_ready = "{min_ready}"
-drain_timeout = "{drain_timeout}"
 [proxy.shutdown]
+drain_timeout = "{drain_timeout}"
 min_drain_duration = "0s"
 [[proxy.listener]]
 name = "web"

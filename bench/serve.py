@@ -126,7 +126,9 @@ def main():
     rows = []
     try:
         t = time.monotonic()
-        wait(lambda: converged(status()), 300, f"{PROXIES}x{REPLICAS} replicas")
+        wait(lambda: converged(status()) or serve.poll() is not None, 300, f"{PROXIES}x{REPLICAS} replicas")
+        if serve.poll() is not None:
+            raise SystemExit(f"berth serve exited {serve.returncode}")
         start_all = time.monotonic() - t
 
         # Idle memory: nothing to do but the event stream and the resync timer.
