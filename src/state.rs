@@ -14,7 +14,6 @@ use anyhow::{Context, Result};
 
 use crate::layout::{ProxyDirs, BOOTSTRAP_FILE};
 use crate::replica::{DesiredProxy, TlsFile};
-use crate::replica::{REPLICA_GID, REPLICA_UID};
 
 #[derive(Debug, Clone)]
 pub struct StateDir {
@@ -111,8 +110,9 @@ impl StateDir {
             }
             let mode = if f.file == "key.pem" { 0o400 } else { 0o444 };
             write_atomic(&path, &content, mode)?;
-            std::os::unix::fs::chown(&path, Some(REPLICA_UID), Some(REPLICA_GID))
-                .with_context(|| format!("cannot hand {} to uid {REPLICA_UID}", path.display()))?;
+            let user = crate::replica::replica_user();
+            std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
+                .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
             changed.push(format!("{}/{}", f.owner, f.file));
         }
         Ok(changed)

@@ -137,7 +137,7 @@ impl Settings {
             sysctls: Sysctls::default(),
             boot: boot::BootConfig::standard().with_dropin(&dropin),
             dropin,
-            replica_uid: crate::replica::REPLICA_UID,
+            replica_uid: crate::replica::replica_user().uid,
             fleet_pids,
         }
     }

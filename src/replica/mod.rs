@@ -163,6 +163,20 @@ pub const RESTART_POLICY: &str = crate::engine::RESTART_UNLESS_STOPPED;
 /// bind; and berth hands each replica's admin-socket directory to this UID before it starts.
 pub const REPLICA_USER: User = User { uid: 101, gid: 101 };
 pub const REPLICA_UID: u32 = REPLICA_USER.uid;
+
+/// The user replicas run as: [`REPLICA_USER`] when berth runs as root (it hands each replica
+/// its run directory); otherwise berth's own uid:gid, as compose runs for a docker-group member:
+/// berth cannot hand files to another user, and the admin socket Envoy creates must be
+/// reachable by berth and by nobody else.
+pub fn replica_user() -> User {
+    // SAFETY: geteuid/getegid have no preconditions and cannot fail.
+    let (uid, gid) = unsafe { (libc::geteuid(), libc::getegid()) };
+    if uid == 0 {
+        REPLICA_USER
+    } else {
+        User { uid, gid }
+    }
+}
 pub const REPLICA_GID: u32 = REPLICA_USER.gid;
 
 /// Version of how berth builds a container beyond the fields of [`ProxySpec`]: hardening
@@ -385,7 +399,7 @@ pub fn desired_proxy(
         cap_add,
         bootstrap_sha256,
         labels: proxy.metadata.labels.clone(),
-        user: REPLICA_USER,
+        user: replica_user(),
     };
     let hash = spec.hash();
     DesiredProxy {
