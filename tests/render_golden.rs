@@ -56,7 +56,7 @@ fn rendered_files(case: &Path) -> BTreeMap<String, String> {
 
 #[test]
 fn golden() {
-    let bless = std::env::var_os("BERTH_BLESS").is_some();
+    let bless = bless();
     let mut failures = vec![];
     for case in cases() {
         let files = rendered_files(&case);
@@ -149,7 +149,7 @@ fn bootstrap_has_no_node_id() {
 /// so the golden and real-Envoy tests above cover the examples through the parser.
 #[test]
 fn examples_are_golden_cases() {
-    let bless = std::env::var_os("BERTH_BLESS").is_some();
+    let bless = bless();
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut examples: Vec<PathBuf> = std::fs::read_dir(root.join("examples"))
         .unwrap()
@@ -186,4 +186,10 @@ fn examples_are_golden_cases() {
         "{}\n\n(if the change is intended: BERTH_BLESS=1 cargo test --test render_golden)",
         failures.join("\n")
     );
+}
+
+/// `BERTH_BLESS=1` rewrites the expected files; unset, empty or `0` compares (the same rule in
+/// every golden test file).
+fn bless() -> bool {
+    std::env::var_os("BERTH_BLESS").is_some_and(|v| !v.is_empty() && v != "0")
 }
