@@ -6,9 +6,9 @@ mod common;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
 use berth::eg_provider::{self, pb, Infrastructure, Listen, Security, TlsFiles, Transient};
@@ -25,13 +25,15 @@ enum Call {
     Delete { eg_name: String, berth_name: String },
 }
 
-/// Records every call; optionally fails or takes time, and tracks overlap per proxy.
+/// Records every call; optionally fails or is held until released, and tracks overlap per
+/// proxy.
 #[derive(Default)]
 struct Fake {
     calls: Mutex<Vec<Call>>,
     finished: AtomicUsize,
     fail: Mutex<Option<&'static str>>,
-    delay: Mutex<Duration>,
+    /// While set, a call's work does not finish.
+    hold: AtomicBool,
     in_flight: Mutex<std::collections::HashMap<String, usize>>,
     max_overlap_same_proxy: AtomicUsize,
     max_overlap_total: AtomicUsize,
@@ -40,6 +42,10 @@ struct Fake {
 impl Fake {
     fn calls(&self) -> Vec<Call> {
         self.calls.lock().unwrap().clone()
+    }
+
+    fn in_flight(&self) -> usize {
+        self.in_flight.lock().unwrap().values().sum()
     }
 
     async fn work(&self, name: &str, call: Call) -> anyhow::Result<()> {
@@ -53,8 +59,9 @@ impl Fake {
                 .fetch_max(same, Ordering::SeqCst);
             self.max_overlap_total.fetch_max(total, Ordering::SeqCst);
         }
-        let delay = *self.delay.lock().unwrap();
-        tokio::time::sleep(delay).await;
+        while self.hold.load(Ordering::SeqCst) {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
         *self.in_flight.lock().unwrap().get_mut(name).unwrap() -= 1;
         self.finished.fetch_add(1, Ordering::SeqCst);
         match *self.fail.lock().unwrap() {
@@ -398,10 +405,22 @@ async fn seam_errors_become_internal_or_unavailable() {
     server.stop().await;
 }
 
+/// Polls `ok` until it holds; fails after a deadline far beyond what it needs.
+async fn wait_until(what: &str, ok: impl Fn() -> bool) {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "waited 30 s for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 #[tokio::test]
 async fn calls_for_one_proxy_run_one_at_a_time() {
     let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
-    *server.fake.delay.lock().unwrap() = Duration::from_millis(100);
+    server.fake.hold.store(true, Ordering::SeqCst);
     let client = tcp_client(addr.unwrap()).await;
 
     let mut other = realistic(CONFIG);
@@ -418,6 +437,11 @@ async fn calls_for_one_proxy_run_one_at_a_time() {
             c.create_or_update_proxy_infra(req).await.unwrap();
         }));
     }
+    // Held: one call of each proxy runs, the other two of the first proxy wait for it.
+    let fake = server.fake.clone();
+    wait_until("one call of each proxy running", || fake.in_flight() == 2).await;
+    assert_eq!(server.fake.calls().len(), 2);
+    server.fake.hold.store(false, Ordering::SeqCst);
     for t in tasks {
         t.await.unwrap();
     }
@@ -430,15 +454,25 @@ async fn calls_for_one_proxy_run_one_at_a_time() {
 #[tokio::test]
 async fn a_client_that_gives_up_does_not_abort_the_rollout() {
     let (server, addr) = start(Listen::Tcp("127.0.0.1:0".parse().unwrap())).await;
-    *server.fake.delay.lock().unwrap() = Duration::from_millis(300);
+    server.fake.hold.store(true, Ordering::SeqCst);
     let mut client = tcp_client(addr.unwrap()).await;
-    let call = client.create_or_update_proxy_infra(create(realistic(CONFIG)));
-    assert!(tokio::time::timeout(Duration::from_millis(50), call)
-        .await
-        .is_err());
-    drop(client);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(server.fake.finished.load(Ordering::SeqCst), 1);
+    let call = tokio::spawn(async move {
+        client
+            .create_or_update_proxy_infra(create(realistic(CONFIG)))
+            .await
+    });
+    let fake = server.fake.clone();
+    wait_until("the rollout to start", || fake.in_flight() == 1).await;
+    // The client gives up while the rollout runs.
+    call.abort();
+    assert!(call.await.unwrap_err().is_cancelled());
+    assert_eq!(server.fake.finished.load(Ordering::SeqCst), 0);
+    server.fake.hold.store(false, Ordering::SeqCst);
+    wait_until("the rollout to finish", || {
+        fake.finished.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    assert_eq!(server.fake.in_flight(), 0);
     server.stop().await;
 }
 
