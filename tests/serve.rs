@@ -106,13 +106,17 @@ fn removed_replica_is_recreated() {
         s.converged(&case.name, 2)
     });
     let victim = case.containers()[0].clone();
+    let (triggers, events) = (
+        serve.samples("berth_triggers_total"),
+        serve.samples("berth_docker_events_total"),
+    );
     let removed = Instant::now();
     let out = Command::new("docker")
         .args(["rm", "-f", &victim.0])
         .output()
         .unwrap();
     assert!(out.status.success());
-    let repaired = serve.wait_for("a ready replacement", Duration::from_secs(30), |s| {
+    let repaired = serve.wait_for("a ready replacement", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
             && !s.proxy(&case.name)["replicas"]
                 .as_array()
@@ -122,10 +126,23 @@ fn removed_replica_is_recreated() {
     });
     let total = removed.elapsed();
     eprintln!("drift repair: ready replacement {repaired:?} after docker rm -f returned ({total:?} in all)");
+    // The engine's event stream saw the removal and its events were the only triggers (the
+    // resync is 300 s here): the repair was event-driven, not a timer's.
+    let grown = |before: &std::collections::BTreeMap<String, f64>, name: &str| {
+        serve
+            .samples(name)
+            .into_iter()
+            .filter(|(k, v)| v > before.get(k).unwrap_or(&0.0))
+            .map(|(k, _)| k)
+            .collect::<Vec<_>>()
+    };
+    let new_events = grown(&events, "berth_docker_events_total");
     assert!(
-        repaired < Duration::from_secs(10),
-        "repair took {repaired:?}"
+        new_events.iter().any(|k| k.contains("destroy")),
+        "{new_events:?}"
     );
+    let new_triggers = grown(&triggers, "berth_triggers_total");
+    assert_eq!(new_triggers, ["source=\"docker\""], "{new_triggers:?}");
     assert_eq!(case.containers().len(), 2);
     assert_eq!(case.body(), "drift\n");
 }
