@@ -320,27 +320,69 @@ fn mangled_bytes_never_panic() {
         .unwrap();
 }
 
+/// The hostile values (of [`HOSTILE`]) that a rendered YAML file carries in its strings.
+fn hostile_in(yaml: &str) -> Vec<&'static str> {
+    fn strings(v: &serde_yaml::Value, out: &mut Vec<String>) {
+        match v {
+            serde_yaml::Value::String(s) => out.push(s.clone()),
+            serde_yaml::Value::Mapping(m) => m.iter().for_each(|(k, v)| {
+                strings(k, out);
+                strings(v, out);
+            }),
+            serde_yaml::Value::Sequence(items) => items.iter().for_each(|i| strings(i, out)),
+            serde_yaml::Value::Tagged(t) => strings(&t.value, out),
+            _ => {}
+        }
+    }
+    let mut all = Vec::new();
+    strings(&serde_yaml::from_str(yaml).unwrap(), &mut all);
+    HOSTILE
+        .iter()
+        .copied()
+        .filter(|h| !h.is_empty() && all.iter().any(|s| s.contains(h)))
+        .collect()
+}
+
 #[test]
 fn a_sample_of_accepted_configs_passes_real_envoy_validate() {
     let image = common::ensure_test_image();
-    let mut sample: Vec<String> = Vec::new();
-    let mut rng_runner = runner(300, 23);
+    // Accepted configs whose rendered files carry hostile values, and a few plain ones.
+    let (mut hostile, mut plain): (Vec<String>, Vec<String>) = (Vec::new(), Vec::new());
+    let mut values = std::collections::BTreeSet::new();
+    let mut rng_runner = runner(3000, 23);
     let strategy = prop::collection::vec(proxy(), 1..2);
-    for _ in 0..300 {
-        if sample.len() >= 10 {
+    for _ in 0..3000 {
+        if hostile.len() >= 10 && plain.len() >= 2 {
             break;
         }
         let tree = strategy.new_tree(&mut rng_runner).unwrap();
         let text = config_text(&tree.current());
-        if let Ok(Some(bootstraps)) = check(&text) {
-            sample.extend(bootstraps);
+        let bootstraps = match check(&text) {
+            Ok(Some(bootstraps)) => bootstraps,
+            Ok(None) => continue,
+            Err(e) => panic!("a property failed: {e}\n{text}"),
+        };
+        for b in bootstraps {
+            let found = hostile_in(&b);
+            if !found.is_empty() && hostile.len() < 10 {
+                values.extend(found);
+                hostile.push(b);
+            } else if found.is_empty() && plain.len() < 2 {
+                plain.push(b);
+            }
         }
     }
-    assert!(
-        sample.len() >= 8,
-        "too few accepted configs to sample: {}",
-        sample.len()
+    eprintln!(
+        "validating {} bootstraps with hostile values {values:?} and {} plain ones",
+        hostile.len(),
+        plain.len()
     );
+    assert!(
+        hostile.len() >= 8 && values.len() >= 4,
+        "too few accepted configs with hostile values to sample: {} ({values:?})",
+        hostile.len()
+    );
+    let sample: Vec<String> = hostile.into_iter().chain(plain).collect();
     let dir = common::short_tempdir();
     for (i, bootstrap) in sample.iter().enumerate() {
         let file = dir.path().join(format!("b{i}.yaml"));
