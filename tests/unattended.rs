@@ -418,6 +418,106 @@ fn distinct_free_ports(n: usize) -> Vec<u16> {
 }
 
 #[test]
+fn a_hundred_and_two_replicas_on_one_host() {
+    let _serial = serial();
+    let _host = HostGuard::new();
+    let case = Case::new("unatt-scale");
+    let ports = distinct_free_ports(PROXIES);
+    write_config(&case.config, &fleet_config(&case, &ports, ""));
+    // The default: 128 instances, which 34 × 3 replicas (3 each) exceed.
+    host::set(host::INOTIFY_INSTANCES, 128);
+    let total = PROXIES * REPLICAS as usize;
+
+    let t = Instant::now();
+    let out = berth(&case, &["up"]);
+    let up = t.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    let instances = host::get(host::INOTIFY_INSTANCES).unwrap();
+    assert!(
+        instances >= (PROXIES as u64) * u64::from(REPLICAS + 1) * 3,
+        "berth raised fs.inotify.max_user_instances: {instances}"
+    );
+    let dropin = std::fs::read_to_string(common::TEST_SYSCTL_DROPIN).unwrap();
+    assert!(
+        dropin.contains(&format!("fs.inotify.max_user_instances = {instances}")),
+        "{dropin}"
+    );
+    assert_eq!(case.containers().len(), total);
+    for port in &ports {
+        assert!(serving(*port), "port {port}");
+    }
+
+    let t = Instant::now();
+    let st = status_json(&case);
+    let status_cli = t.elapsed();
+    let rows = st["replicas"].as_array().unwrap();
+    assert_eq!(rows.len(), total);
+    assert!(rows.iter().all(|r| r["ready"] == true), "{st:#}");
+
+    let t = Instant::now();
+    let noop = berth(&case, &["up"]);
+    let up_noop = t.elapsed();
+    assert!(noop.status.success(), "{}", text(&noop));
+
+    let t = Instant::now();
+    let serve = case.serve(&[]);
+    let names: Vec<String> = (0..PROXIES)
+        .map(|i| format!("{}-{i:02}", case.name))
+        .collect();
+    eprintln!("scale: up {up:?}, berth status {status_cli:?}, no-op up {up_noop:?}");
+    let converged = serve.wait_for("34 converged proxies", Duration::from_secs(120), |s| {
+        let asked = Instant::now();
+        // Slow while serve's first passes run: not yet, not a failure.
+        let Some((200, body)) = s.get("/status") else {
+            eprintln!("scale: /status gave no answer in {:?}", asked.elapsed());
+            return false;
+        };
+        let st: Value = serde_json::from_str(&body).unwrap();
+        names.iter().all(|n| {
+            st["proxies"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|p| p["name"] == n.as_str())
+                .is_some_and(|p| {
+                    let reps = p["replicas"].as_array().cloned().unwrap_or_default();
+                    reps.len() == REPLICAS as usize
+                        && reps.iter().all(|r| r["ready"] == true)
+                        && condition(p, "Ready")["status"] == "True"
+                        && p["busy"].is_null()
+                })
+        })
+    });
+    let serve_ready = t.elapsed();
+    assert_eq!(case.containers().len(), total, "serve replaced nothing");
+
+    let t = Instant::now();
+    let metrics = replica_ready_metrics(&serve);
+    let scrape = t.elapsed();
+    let ready: Vec<_> = metrics
+        .iter()
+        .filter(|(p, _, v)| names.contains(p) && *v == 1.0)
+        .collect();
+    assert_eq!(ready.len(), total, "{metrics:?}");
+    let t = Instant::now();
+    let _ = serve.status();
+    let status_http = t.elapsed();
+    drop(serve);
+
+    let t = Instant::now();
+    let out = berth(&case, &["down"]);
+    let down = t.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(case.containers().is_empty());
+    eprintln!(
+        "{total} replicas ({PROXIES} proxies × {REPLICAS}): up {up:?}, no-op up {up_noop:?}, \
+         berth status {status_cli:?}, serve converged {serve_ready:?} ({converged:?} after \
+         /healthz), /status {status_http:?}, /metrics {scrape:?}, down {down:?}; \
+         fs.inotify.max_user_instances 128 → {instances}"
+    );
+}
+
+#[test]
 fn preflight_refuses_a_fleet_the_inotify_limit_cannot_hold_and_changes_nothing() {
     let _serial = serial();
     let _host = HostGuard::new();
