@@ -315,8 +315,9 @@ fn connect_error(e: &io::Error) -> String {
             "connection refused (no Envoy is listening on it: the replica is not running)".into()
         }
         io::ErrorKind::PermissionDenied => format!(
-            "permission denied (the socket is mode 0600, owned by uid {}; run berth as root)",
-            crate::replica::REPLICA_UID
+            "permission denied (the socket is mode 0600, owned by uid {}; run berth as that \
+             user or as root)",
+            crate::replica::replica_user().uid
         ),
         io::ErrorKind::InvalidInput => format!(
             "{e} (a Unix socket path may be at most {} bytes: use a shorter state directory)",

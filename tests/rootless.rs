@@ -192,4 +192,15 @@ async fn a_docker_group_member_runs_upgrades_and_removes_a_fleet() {
     let out = berth_as(&user, home.path(), &cleanup, &["down"]).await;
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert!(container_users(&cleanup).is_empty());
+
+    // A port below 1024 is refused before anything changes, saying why.
+    write_config(&config, NEW, 81);
+    let out = berth_as(&user, home.path(), &cleanup, &["up"]).await;
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_ne!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        err.contains("port 81") && err.contains("not running as root"),
+        "{err}"
+    );
+    assert!(container_users(&cleanup).is_empty());
 }
