@@ -317,7 +317,9 @@ fn union(old: &str, new: &str, version: &str) -> Option<Union> {
 
 /// Writes `files` (normally [`stamp`]ed) into the proxy's watched directory in
 /// make-before-break [`stages`], each confirmed by every replica in `replicas` (each stage at
-/// most `timeout`). When a replica refuses or does not confirm, the previous files are put
+/// most `timeout`); then, when `serials` are given, until each replica's admin `/certs` lists
+/// them (the new certificates are served). When a replica refuses or does not confirm, the
+/// previous files are put
 /// back the same way (their confirmation awaited, best effort) and the error is a
 /// [`LiveRejected`]. With no change on disk it returns at once with nothing written.
 pub async fn update(
@@ -325,6 +327,7 @@ pub async fn update(
     proxy: &str,
     files: &BTreeMap<String, String>,
     replicas: &[Replica],
+    serials: &[String],
     timeout: Duration,
 ) -> std::result::Result<LiveOutcome, UpdateError> {
     let dir = state.proxy(proxy).xds();
@@ -354,6 +357,20 @@ pub async fn update(
             }
         }
     }
+    if !serials.is_empty() && !written.is_empty() {
+        let served = certificates_served(replicas, serials, started, timeout).await;
+        if !served.values().all(|a| matches!(a, Ack::Confirmed { .. })) {
+            let restored = restore(state, proxy, &dir, &previous, replicas, timeout).await;
+            return Err(UpdateError::Rejected(LiveRejected {
+                proxy: proxy.to_string(),
+                generation,
+                stage: "certificates served (admin /certs)".to_string(),
+                replicas: served,
+                restored,
+            }));
+        }
+        acks = served;
+    }
     Ok(LiveOutcome {
         proxy: proxy.to_string(),
         generation,
@@ -361,6 +378,53 @@ pub async fn update(
         replicas: acks,
         elapsed: started.elapsed(),
     })
+}
+
+/// Waits until every replica's admin `/certs` lists each of `serials` (the listener
+/// certificates it must serve), until `timeout` after the last stage.
+async fn certificates_served(
+    replicas: &[Replica],
+    serials: &[String],
+    started: Instant,
+    timeout: Duration,
+) -> BTreeMap<String, Ack> {
+    let deadline = Instant::now() + timeout;
+    let one = |r: &Replica| {
+        let r = r.clone();
+        async move {
+            loop {
+                let last = match r.admin.get("/certs").await {
+                    Ok((200, body)) => match serde_json::from_str(&body) {
+                        Ok(json) => {
+                            let served = crate::certificates::served_serials(&json);
+                            let missing: Vec<&String> =
+                                serials.iter().filter(|s| !served.contains(s)).collect();
+                            if missing.is_empty() {
+                                let millis = started.elapsed().as_millis() as u64;
+                                return (r.name, Ack::Confirmed { millis });
+                            }
+                            format!("serves serials {served:?}, not yet {missing:?}")
+                        }
+                        Err(e) => format!("/certs is not JSON: {e}"),
+                    },
+                    Ok((status, body)) => format!("GET /certs answered {status}: {}", body.trim()),
+                    Err(e) => format!("{e:#}"),
+                };
+                if Instant::now() >= deadline {
+                    let detail = format!(
+                        "nothing after {}: {last}",
+                        humantime::format_duration(timeout)
+                    );
+                    return (r.name, Ack::NoAnswer { detail });
+                }
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    };
+    futures_util::future::join_all(replicas.iter().map(one))
+        .await
+        .into_iter()
+        .collect()
 }
 
 enum StageError {
@@ -463,40 +527,72 @@ fn read_dir_files(dir: &Path) -> Result<BTreeMap<String, String>> {
 /// file it reads (None where the file carries none: then only "reloaded without a refusal"
 /// can be checked).
 fn expected_versions(files: &BTreeMap<String, String>) -> BTreeMap<String, Option<String>> {
-    let of = |f: &str| files.get(f).and_then(|t| stamp_of(t));
-    subscriptions(files)
+    subscription_files(files)
         .into_iter()
-        .map(|sub| {
-            let v = if sub == "listener_manager.lds" {
-                of(LDS_FILE)
-            } else if sub == "cluster_manager.cds" {
-                of(CDS_FILE)
-            } else {
-                of(RDS_FILE)
-            };
-            (sub, v)
-        })
+        .map(|(sub, file)| (sub, files.get(&file).and_then(|t| stamp_of(t))))
         .collect()
 }
 
-/// The subscriptions (stat prefixes) the files define: LDS and CDS when their file exists, and
-/// one RDS subscription per HTTP connection manager in `lds.yaml`.
+/// The subscriptions (stat prefixes) the files define: LDS and CDS when their file exists,
+/// one RDS subscription per HTTP connection manager in `lds.yaml`, and one SDS subscription
+/// (`sds.<secret>`) per listener certificate secret it reads from a file here.
 pub fn subscriptions(files: &BTreeMap<String, String>) -> Vec<String> {
+    subscription_files(files)
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect()
+}
+
+/// Each subscription with the watched file it reads.
+fn subscription_files(files: &BTreeMap<String, String>) -> Vec<(String, String)> {
     let mut subs = Vec::new();
     if files.contains_key(LDS_FILE) {
-        subs.push("listener_manager.lds".to_string());
+        subs.push(("listener_manager.lds".to_string(), LDS_FILE.to_string()));
     }
     if files.contains_key(CDS_FILE) {
-        subs.push("cluster_manager.cds".to_string());
+        subs.push(("cluster_manager.cds".to_string(), CDS_FILE.to_string()));
     }
     if let Some(lds) = files.get(LDS_FILE) {
         if let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(lds) {
-            collect_rds(&doc, &mut subs);
+            let mut rds = Vec::new();
+            collect_rds(&doc, &mut rds);
+            subs.extend(rds.into_iter().map(|s| (s, RDS_FILE.to_string())));
+            collect_sds(&doc, files, &mut subs);
         }
     }
     subs.sort();
     subs.dedup();
     subs
+}
+
+/// Finds every `{name, sds_config: {path_config_source: {path}}}` whose file is one of
+/// `files`.
+fn collect_sds(
+    v: &serde_yaml::Value,
+    files: &BTreeMap<String, String>,
+    out: &mut Vec<(String, String)>,
+) {
+    match v {
+        serde_yaml::Value::Mapping(m) => {
+            let name = m.get("name").and_then(|p| p.as_str());
+            let path = m
+                .get("sds_config")
+                .and_then(|c| c.get("path_config_source"))
+                .and_then(|p| p.get("path"))
+                .and_then(|p| p.as_str());
+            if let (Some(name), Some(path)) = (name, path) {
+                let file = path.rsplit('/').next().unwrap_or(path);
+                if files.contains_key(file) {
+                    out.push((format!("sds.{name}"), file.to_string()));
+                }
+            }
+            for v in m.values() {
+                collect_sds(v, files, out);
+            }
+        }
+        serde_yaml::Value::Sequence(s) => s.iter().for_each(|v| collect_sds(v, files, out)),
+        _ => {}
+    }
 }
 
 /// Finds every `{stat_prefix, rds: {route_config_name}}` mapping in a document.
@@ -532,7 +628,7 @@ pub struct SubState {
 /// Every xDS subscription's state on one replica, by stat prefix.
 pub type Snapshot = BTreeMap<String, SubState>;
 
-const SUB_FILTER: &str = r"^(listener_manager\.lds|cluster_manager\.cds|http\..*\.rds\..*)\.(version_text|update_attempt|update_rejected|update_failure)$";
+const SUB_FILTER: &str = r"^(listener_manager\.lds|cluster_manager\.cds|http\..*\.rds\..*|sds\..*)\.(version_text|update_attempt|update_rejected|update_failure)$";
 
 /// Reads the subscriptions' counters and versions of one replica.
 pub async fn snapshot(admin: &dyn AdminApi) -> Result<Snapshot> {

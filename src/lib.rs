@@ -14,6 +14,7 @@
 //! code and text), the same whether it ran locally or in serve.
 
 pub mod admin;
+pub mod certificates;
 pub mod cli;
 pub mod control;
 pub mod crashpoint;

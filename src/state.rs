@@ -118,6 +118,46 @@ impl StateDir {
         Ok(changed)
     }
 
+    /// Copies a checked listener certificate into `tls/<listener>/` under names carrying its
+    /// version (the key readable only by the replica user). Other versions are removed unless
+    /// `keep` names them (the ones the watched files on disk still point at). Returns the files
+    /// written.
+    pub fn write_certificate(
+        &self,
+        proxy: &str,
+        cert: &crate::certificates::Certificate,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<String>> {
+        let dir = self.proxy(proxy).tls(&cert.listener);
+        create_dir(&dir, 0o755)?;
+        let (cert_name, key_name) = (cert.cert_name(), cert.key_name());
+        for entry in fs::read_dir(&dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let versioned =
+                (name.starts_with("cert-") || name.starts_with("key-")) && name.ends_with(".pem");
+            if (versioned && name != cert_name && name != key_name && !keep(&name))
+                || is_leftover_temp(&name)
+            {
+                fs::remove_file(dir.join(&name))?;
+            }
+        }
+        let mut changed = Vec::new();
+        for (name, content, mode) in [
+            (&cert_name, &cert.cert_pem, 0o444),
+            (&key_name, &cert.key_pem, 0o400),
+        ] {
+            let path = dir.join(name);
+            if fs::read(&path).ok().as_deref() == Some(content.as_slice()) {
+                continue;
+            }
+            write_atomic(&path, content, mode)?;
+            std::os::unix::fs::chown(&path, Some(REPLICA_UID), Some(REPLICA_GID))
+                .with_context(|| format!("cannot hand {} to uid {REPLICA_UID}", path.display()))?;
+            changed.push(format!("{}/{name}", cert.listener));
+        }
+        Ok(changed)
+    }
+
     /// Reads the watched xDS files as they are on disk.
     pub fn read_xds(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
         let dir = self.proxy(proxy).xds();

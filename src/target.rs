@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::certificates::{self, Certificate};
 use crate::ir::{Infra, ProxyInfra};
 use crate::render::{Rendered, Renderer};
 use crate::replica::{self, DesiredProxy};
@@ -14,6 +15,8 @@ pub struct Target {
     pub proxy: ProxyInfra,
     pub desired: DesiredProxy,
     pub rendered: Rendered,
+    /// The listener certificates, checked; their copies are what the rendered secrets name.
+    pub certificates: Vec<Certificate>,
 }
 
 impl Target {
@@ -22,7 +25,8 @@ impl Target {
     }
 }
 
-/// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates.
+/// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates and
+/// the listener certificates (which are checked here, so a bad one changes nothing).
 pub fn targets(
     infra: &Infra,
     renderer: &Renderer,
@@ -33,14 +37,21 @@ pub fn targets(
         .proxies
         .iter()
         .map(|proxy| {
+            let certificates = certificates::load(proxy, std::time::SystemTime::now())
+                .with_context(|| format!("proxy {}: listener certificates", proxy.name))?;
+            let versions = certificates
+                .iter()
+                .map(|c| (c.listener.clone(), c.version.clone()))
+                .collect();
             let rendered = renderer
-                .render(proxy)
+                .render_with_certificates(proxy, &versions)
                 .with_context(|| format!("rendering proxy {}", proxy.name))?;
             let desired = replica::desired_proxy(proxy, &rendered.bootstrap, state_dir, host_cpus);
             Ok(Target {
                 proxy: proxy.clone(),
                 desired,
                 rendered,
+                certificates,
             })
         })
         .collect()

@@ -157,7 +157,12 @@ direct_response = {{ status = 200, body = "low\n" }}
     // The state directory is 0700; copied TLS keys are 0400 and owned by the replica user.
     let mode = fs::metadata(&state).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "state directory mode");
-    let copied_key = state.join("proxies/sec-high/tls/https/key.pem");
+    // Named by a digest of the pair (key-<version>.pem), so a renewal never overwrites it.
+    let copied_key = fs::read_dir(state.join("proxies/sec-high/tls/https"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.file_name().unwrap().to_string_lossy().starts_with("key-"))
+        .expect("a copied key");
     let md = fs::metadata(&copied_key).unwrap();
     assert_eq!(md.permissions().mode() & 0o777, 0o400, "copied key mode");
     assert_eq!(md.uid(), berth::replica::REPLICA_UID);

@@ -48,6 +48,7 @@ const RDS: &str = "rds.yaml.tera";
 const CDS: &str = "cds.yaml.tera";
 const SDS_CERT: &str = "sds-xds-certificate.yaml.tera";
 const SDS_CA: &str = "sds-xds-trusted-ca.yaml.tera";
+const SDS_LISTENER: &str = "sds-listener.yaml.tera";
 
 /// The builtin templates, by name.
 const BUILTIN: &[(&str, &str)] = &[
@@ -65,6 +66,10 @@ const BUILTIN: &[(&str, &str)] = &[
     (
         SDS_CA,
         include_str!("../../templates/sds-xds-trusted-ca.yaml.tera"),
+    ),
+    (
+        SDS_LISTENER,
+        include_str!("../../templates/sds-listener.yaml.tera"),
     ),
 ];
 
@@ -142,10 +147,22 @@ impl Renderer {
         Ok(Renderer { tera, origin })
     }
 
-    /// Renders one proxy's bootstrap and resource files.
+    /// Renders one proxy's bootstrap and resource files; listener certificates are read as
+    /// `cert.pem`/`key.pem` (see [`Renderer::render_with_certificates`]).
     pub fn render(&self, proxy: &ir::ProxyInfra) -> Result<Rendered> {
-        let ctx = view::build(proxy).with_context(|| format!("proxy {:?}", proxy.name))?;
-        let ctx = tera::Context::from_serialize(&ctx).context("building the template context")?;
+        self.render_with_certificates(proxy, &BTreeMap::new())
+    }
+
+    /// Renders one proxy; `versions` names each TLS listener's checked certificate copy.
+    pub fn render_with_certificates(
+        &self,
+        proxy: &ir::ProxyInfra,
+        versions: &BTreeMap<String, String>,
+    ) -> Result<Rendered> {
+        let view =
+            view::build(proxy, versions).with_context(|| format!("proxy {:?}", proxy.name))?;
+        let mut ctx =
+            tera::Context::from_serialize(&view).context("building the template context")?;
         let mut bootstrap = self.render_one(BOOTSTRAP, &ctx)?;
         if let Some(ov) = &proxy.config.bootstrap {
             bootstrap = overrides::apply(&bootstrap, ov)
@@ -165,6 +182,10 @@ impl Renderer {
         let mut xds = BTreeMap::new();
         for (file, template) in files {
             xds.insert(file.to_string(), self.render_one(template, &ctx)?);
+        }
+        for secret in &view.secrets {
+            ctx.insert("secret", &secret.tls);
+            xds.insert(secret.file.clone(), self.render_one(SDS_LISTENER, &ctx)?);
         }
         Ok(Rendered { bootstrap, xds })
     }
@@ -466,14 +487,24 @@ mod tests {
                     .render(&fixture(&make))
                     .unwrap_or_else(|e| panic!("render with {h:?}: {e:#}"));
                 let hostile_files = files(&rendered);
-                assert_eq!(
-                    benign.keys().collect::<Vec<_>>(),
-                    hostile_files.keys().collect::<Vec<_>>()
-                );
+                // Listener secret files are named by a digest of an unusual listener name.
+                let names = |f: &BTreeMap<String, serde_yaml::Value>| -> Vec<String> {
+                    f.keys()
+                        .map(
+                            |k| match k.starts_with("sds-") && !k.starts_with("sds-xds") {
+                                true => "sds-<listener>".to_string(),
+                                false => k.clone(),
+                            },
+                        )
+                        .collect()
+                };
+                assert_eq!(names(&benign), names(&hostile_files));
                 let mut all_strings = BTreeSet::new();
-                for (name, doc) in &hostile_files {
+                let benign_named: BTreeMap<String, &serde_yaml::Value> =
+                    names(&benign).into_iter().zip(benign.values()).collect();
+                for (name, doc) in names(&hostile_files).iter().zip(hostile_files.values()) {
                     let (mut want, mut got) = (BTreeSet::new(), BTreeSet::new());
-                    key_paths(&benign[name], "", &mut want);
+                    key_paths(benign_named[name], "", &mut want);
                     key_paths(doc, "", &mut got);
                     assert_eq!(want, got, "{name}: keys differ with value {h:?}");
                     strings(doc, &mut all_strings);

@@ -2,7 +2,7 @@
 //! decision (cluster types, enum names, duration strings, file paths) made here in Rust, so
 //! templates stay declarative and an override template gets the same facts.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
@@ -32,6 +32,8 @@ pub struct Ctx {
     pub listeners: Vec<ListenerView>,
     pub route_configs: Vec<RouteConfigView>,
     pub clusters: Vec<ClusterView>,
+    /// Standalone: one SDS secret per TLS listener.
+    pub secrets: Vec<SecretView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -90,10 +92,39 @@ pub struct ListenerView {
     pub cluster: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, Clone)]
 pub struct TlsView {
+    /// The SDS secret's name (the listener's).
+    pub secret: String,
+    /// The SDS file in the watched directory that holds the secret.
+    pub sds: String,
     pub cert: String,
     pub key: String,
+}
+
+/// A listener's certificate secret: one `sds-<listener>.yaml` in the watched directory.
+#[derive(Debug, Serialize, Clone)]
+pub struct SecretView {
+    /// The file name in the watched directory.
+    pub file: String,
+    pub tls: TlsView,
+}
+
+/// The watched-directory file holding the certificate of `listener`.
+/// A name that is not a plain file name is replaced by a digest of it.
+pub fn listener_secret_file(listener: &str) -> String {
+    let plain = !listener.is_empty()
+        && !listener.starts_with('.')
+        && listener
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if plain {
+        format!("sds-{listener}.yaml")
+    } else {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(listener.as_bytes()));
+        format!("sds-{}.yaml", &digest[..16])
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -231,7 +262,10 @@ fn is_ip(host: &str) -> bool {
     host.parse::<std::net::IpAddr>().is_ok()
 }
 
-pub fn build(proxy: &ir::ProxyInfra) -> Result<Ctx> {
+/// The template context of one proxy. `versions` names each TLS listener's certificate copy
+/// ([`crate::certificates::Certificate::version`]); a listener missing from it reads
+/// `cert.pem`/`key.pem`.
+pub fn build(proxy: &ir::ProxyInfra, versions: &BTreeMap<String, String>) -> Result<Ctx> {
     let xds_dir = layout::CONTAINER_XDS_DIR;
     let in_xds = |f: &str| format!("{xds_dir}/{f}");
     let mut ctx = Ctx {
@@ -263,6 +297,7 @@ pub fn build(proxy: &ir::ProxyInfra) -> Result<Ctx> {
         listeners: vec![],
         route_configs: vec![],
         clusters: vec![],
+        secrets: vec![],
     };
     match &proxy.routing {
         Routing::Xds(x) => {
@@ -281,12 +316,17 @@ pub fn build(proxy: &ir::ProxyInfra) -> Result<Ctx> {
                 tls_dir: format!("{}/xds", layout::CONTAINER_TLS_DIR),
             });
         }
-        Routing::Standalone(s) => standalone(proxy, s, &mut ctx)?,
+        Routing::Standalone(s) => standalone(proxy, s, versions, &mut ctx)?,
     }
     Ok(ctx)
 }
 
-fn standalone(proxy: &ir::ProxyInfra, s: &ir::Standalone, ctx: &mut Ctx) -> Result<()> {
+fn standalone(
+    proxy: &ir::ProxyInfra,
+    s: &ir::Standalone,
+    versions: &BTreeMap<String, String>,
+    ctx: &mut Ctx,
+) -> Result<()> {
     let known: BTreeSet<&str> = proxy.listeners.iter().map(|l| l.name.as_str()).collect();
     for r in &s.listeners {
         if !known.contains(r.listener.as_str()) {
@@ -309,9 +349,23 @@ fn standalone(proxy: &ir::ProxyInfra, s: &ir::Standalone, ctx: &mut Ctx) -> Resu
                 l.name
             );
         };
-        let tls = r.tls.as_ref().map(|_| TlsView {
-            cert: layout::container_tls_file(&l.name, "cert.pem"),
-            key: layout::container_tls_file(&l.name, "key.pem"),
+        let tls = r.tls.as_ref().map(|_| {
+            let (cert, key) = match versions.get(&l.name) {
+                Some(v) => (format!("cert-{v}.pem"), format!("key-{v}.pem")),
+                None => ("cert.pem".to_string(), "key.pem".to_string()),
+            };
+            let file = listener_secret_file(&l.name);
+            let tls = TlsView {
+                secret: l.name.clone(),
+                sds: format!("{}/{file}", layout::CONTAINER_XDS_DIR),
+                cert: layout::container_tls_file(&l.name, &cert),
+                key: layout::container_tls_file(&l.name, &key),
+            };
+            ctx.secrets.push(SecretView {
+                file,
+                tls: tls.clone(),
+            });
+            tls
         });
         for p in &l.ports {
             let name = if l.ports.len() == 1 {
@@ -344,10 +398,7 @@ fn standalone(proxy: &ir::ProxyInfra, s: &ir::Standalone, ctx: &mut Ctx) -> Resu
                     p.protocol
                 );
             }
-            let tls = tls.as_ref().map(|t| TlsView {
-                cert: t.cert.clone(),
-                key: t.key.clone(),
-            });
+            let tls = tls.clone();
             ctx.listeners.push(match &r.traffic {
                 Traffic::Http { .. } => ListenerView {
                     name,

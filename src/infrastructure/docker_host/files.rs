@@ -100,9 +100,22 @@ impl Run<'_> {
     /// Copies the TLS files the replicas (and validation) mount.
     pub(super) fn copy_tls(&self, target: &Target) -> Result<()> {
         let name = target.name();
-        let tls = self
-            .state
-            .write_tls(name, &replica::tls_files(&target.proxy))?;
+        let tls = match target.proxy.routing {
+            crate::ir::Routing::Xds(_) => self
+                .state
+                .write_tls(name, &replica::tls_files(&target.proxy))?,
+            crate::ir::Routing::Standalone(_) => {
+                // Keep the copies the watched files on disk name: replicas serve them until
+                // the new secrets are delivered (or come back when they are refused).
+                let on_disk = self.state.read_xds(name)?;
+                let keep = |file: &str| on_disk.values().any(|text| text.contains(file));
+                let mut written = Vec::new();
+                for cert in &target.certificates {
+                    written.extend(self.state.write_certificate(name, cert, &keep)?);
+                }
+                written
+            }
+        };
         if !tls.is_empty() {
             self.reporter
                 .event(Event::new(name, "files").message(format!("copied {}", tls.join(", "))));
@@ -175,7 +188,21 @@ impl Run<'_> {
             "{name}: {} replica(s) confirming the new files",
             replicas.len()
         ));
-        match delivery::update(self.state, name, &files, &replicas, confirm_timeout).await {
+        let serials: Vec<String> = target
+            .certificates
+            .iter()
+            .map(|c| c.serial.clone())
+            .collect();
+        match delivery::update(
+            self.state,
+            name,
+            &files,
+            &replicas,
+            &serials,
+            confirm_timeout,
+        )
+        .await
+        {
             Ok(outcome) => {
                 self.reporter
                     .event(Event::new(name, "files").message(format!(

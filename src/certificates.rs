@@ -1,0 +1,310 @@
+//! Listener certificates, checked before they reach a replica.
+//!
+//! A listener's certificate and key are read once ([`load`]), checked (PEM, X.509, validity
+//! period, the key matches the certificate) and kept in memory: what is checked is exactly what
+//! is copied into the state directory and served. Each pair is named by a digest of its content
+//! ([`Certificate::version`]); the replicas read it through a file-based SDS secret that names
+//! the versioned files, so one atomic rename of the secret switches certificate and key
+//! together (see `templates/sds-listener.yaml.tera`).
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{anyhow, bail, Context, Result};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::ir;
+
+/// One listener's certificate chain and key, checked.
+#[derive(Clone, PartialEq, Eq, Serialize)]
+pub struct Certificate {
+    pub listener: String,
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    /// The leaf's serial number, lowercase hex without leading zeros (as Envoy's `/certs`).
+    pub serial: String,
+    /// SHA-256 of the leaf certificate (DER), hex.
+    pub sha256: String,
+    pub subject: String,
+    /// Unix seconds.
+    pub not_before: i64,
+    pub not_after: i64,
+    /// The first 16 hex digits of SHA-256 over certificate and key files: names the copies.
+    pub version: String,
+    #[serde(skip)]
+    pub cert_pem: Vec<u8>,
+    #[serde(skip)]
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Certificate {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Certificate")
+            .field("listener", &self.listener)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("serial", &self.serial)
+            .field("not_after", &self.not_after)
+            .field("version", &self.version)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Certificate {
+    /// The copy of the chain replicas read, in the listener's TLS directory.
+    pub fn cert_name(&self) -> String {
+        format!("cert-{}.pem", self.version)
+    }
+
+    pub fn key_name(&self) -> String {
+        format!("key-{}.pem", self.version)
+    }
+}
+
+/// Reads and checks every listener certificate of a proxy (standalone mode; none in xds mode).
+/// Every problem is reported, each naming its file.
+pub fn load(proxy: &ir::ProxyInfra, now: SystemTime) -> Result<Vec<Certificate>> {
+    let ir::Routing::Standalone(s) = &proxy.routing else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    let mut errors = Vec::new();
+    for l in &s.listeners {
+        let Some(tls) = &l.tls else { continue };
+        match check(&l.listener, &tls.cert_file, &tls.key_file, now) {
+            Ok(c) => out.push(c),
+            Err(e) => errors.push(format!("listener {:?}: {e:#}", l.listener)),
+        }
+    }
+    if !errors.is_empty() {
+        bail!(
+            "refused; nothing was changed and the current certificates keep serving:\n{}",
+            errors.join("\n")
+        );
+    }
+    Ok(out)
+}
+
+/// Reads one certificate/key pair and checks it.
+pub fn check(
+    listener: &str,
+    cert_file: &Path,
+    key_file: &Path,
+    now: SystemTime,
+) -> Result<Certificate> {
+    let cert_pem =
+        std::fs::read(cert_file).with_context(|| format!("cannot read {}", cert_file.display()))?;
+    let key_pem =
+        std::fs::read(key_file).with_context(|| format!("cannot read {}", key_file.display()))?;
+    let mut c = inspect(&cert_pem, &key_pem, now)
+        .map_err(|e| anyhow!("{}", e.message(cert_file, key_file)))?;
+    c.listener = listener.to_string();
+    c.cert_file = cert_file.to_path_buf();
+    c.key_file = key_file.to_path_buf();
+    Ok(c)
+}
+
+/// What is wrong with a pair, and in which file.
+#[derive(Debug)]
+enum Problem {
+    Cert(String),
+    Key(String),
+}
+
+impl Problem {
+    fn message(&self, cert: &Path, key: &Path) -> String {
+        match self {
+            Problem::Cert(m) => format!("{}: {m}", cert.display()),
+            Problem::Key(m) => format!("{}: {m}", key.display()),
+        }
+    }
+}
+
+fn inspect(cert_pem: &[u8], key_pem: &[u8], now: SystemTime) -> Result<Certificate, Problem> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| Problem::Cert(format!("not a PEM certificate file ({e})")))?;
+    let Some(leaf) = chain.first() else {
+        return Err(Problem::Cert(
+            "not a PEM certificate file: no -----BEGIN CERTIFICATE----- block".into(),
+        ));
+    };
+    let (_, x509) = x509_parser::parse_x509_certificate(leaf)
+        .map_err(|e| Problem::Cert(format!("the first certificate is not valid X.509 ({e})")))?;
+    for (i, der) in chain.iter().enumerate().skip(1) {
+        x509_parser::parse_x509_certificate(der).map_err(|e| {
+            Problem::Cert(format!(
+                "certificate {} of the chain is not valid X.509 ({e})",
+                i + 1
+            ))
+        })?;
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem).map_err(|e| {
+        Problem::Key(format!(
+            "not a PEM private key file (PKCS#8, PKCS#1 or SEC1): {e}"
+        ))
+    })?;
+    let signing = rustls::crypto::ring::sign::any_supported_type(&key)
+        .map_err(|e| Problem::Key(format!("unsupported private key: {e}")))?;
+    let certified = rustls::sign::CertifiedKey::new(chain.clone(), signing);
+    if let Err(e) = certified.keys_match() {
+        return Err(Problem::Key(match e {
+            rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+                "this key does not match the certificate (their public keys differ)".to_string()
+            }
+            other => format!("cannot check that this key matches the certificate: {other}"),
+        }));
+    }
+    let validity = x509.validity();
+    let not_before = validity.not_before.timestamp();
+    let not_after = validity.not_after.timestamp();
+    let now_s = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    if now_s > not_after {
+        return Err(Problem::Cert(format!(
+            "the certificate expired at {} (not_after)",
+            validity.not_after
+        )));
+    }
+    if now_s < not_before {
+        return Err(Problem::Cert(format!(
+            "the certificate is not valid yet: not_before is {}",
+            validity.not_before
+        )));
+    }
+    let serial = {
+        let hex = hex::encode(x509.raw_serial());
+        let trimmed = hex.trim_start_matches('0');
+        if trimmed.is_empty() {
+            "0".to_string()
+        } else {
+            trimmed.to_string()
+        }
+    };
+    let mut h = Sha256::new();
+    h.update(cert_pem);
+    h.update([0]);
+    h.update(key_pem);
+    let version = hex::encode(h.finalize())[..16].to_string();
+    Ok(Certificate {
+        listener: String::new(),
+        cert_file: PathBuf::new(),
+        key_file: PathBuf::new(),
+        serial,
+        sha256: hex::encode(Sha256::digest(leaf.as_ref())),
+        subject: x509.subject().to_string(),
+        not_before,
+        not_after,
+        version,
+        cert_pem: cert_pem.to_vec(),
+        key_pem: key_pem.to_vec(),
+    })
+}
+
+/// A serial as Envoy's `/certs` prints it, comparable with [`Certificate::serial`].
+pub fn normalize_serial(serial: &str) -> String {
+    let s: String = serial
+        .chars()
+        .filter(|c| c.is_ascii_hexdigit())
+        .collect::<String>()
+        .to_ascii_lowercase();
+    let t = s.trim_start_matches('0');
+    if t.is_empty() {
+        "0".into()
+    } else {
+        t.into()
+    }
+}
+
+/// The serials of the certificates a replica serves, by secret (listener) name, from the admin
+/// `/certs` JSON. Envoy lists each TLS context's `cert_chain`; contexts from SDS carry no secret
+/// name, so every served serial is returned under "" too.
+pub fn served_serials(certs_json: &serde_json::Value) -> Vec<String> {
+    let mut out = Vec::new();
+    for c in certs_json["certificates"].as_array().into_iter().flatten() {
+        for leaf in c["cert_chain"].as_array().into_iter().flatten().take(1) {
+            if let Some(s) = leaf["serial_number"].as_str() {
+                out.push(normalize_serial(s));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// 2030-01-01T00:00:00Z.
+    fn now() -> SystemTime {
+        UNIX_EPOCH + Duration::from_secs(1_893_456_000)
+    }
+
+    fn pair(from_year: i32, to_year: i32) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(from_year, 1, 1);
+        params.not_after = rcgen::date_time_ymd(to_year, 1, 1);
+        params.serial_number = Some(rcgen::SerialNumber::from(vec![0x00, 0x2a, 0x01]));
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    #[test]
+    fn a_good_pair_is_read_with_its_serial_and_expiry() {
+        let (cert, key) = pair(2029, 2031);
+        let c = inspect(cert.as_bytes(), key.as_bytes(), now()).unwrap();
+        assert_eq!(c.serial, "2a01");
+        assert!(c.not_after > c.not_before);
+        assert_eq!(c.version.len(), 16);
+        assert!(
+            !format!("{c:?}").contains("PRIVATE"),
+            "Debug never shows the key"
+        );
+    }
+
+    #[test]
+    fn mismatched_expired_future_and_non_pem_are_refused_naming_the_file() {
+        let (cert, key) = pair(2029, 2031);
+        let (_, other_key) = pair(2029, 2031);
+        let now = now();
+        let msg = |r: Result<Certificate, Problem>| {
+            r.unwrap_err()
+                .message(Path::new("/c.pem"), Path::new("/k.pem"))
+        };
+        let m = msg(inspect(cert.as_bytes(), other_key.as_bytes(), now));
+        assert!(
+            m.starts_with("/k.pem: ") && m.contains("does not match"),
+            "{m}"
+        );
+        let (old, old_key) = pair(2028, 2029);
+        let m = msg(inspect(old.as_bytes(), old_key.as_bytes(), now));
+        assert!(m.starts_with("/c.pem: ") && m.contains("expired"), "{m}");
+        let (new, new_key) = pair(2031, 2032);
+        let m = msg(inspect(new.as_bytes(), new_key.as_bytes(), now));
+        assert!(m.contains("not valid yet"), "{m}");
+        let m = msg(inspect(b"hello", key.as_bytes(), now));
+        assert!(m.starts_with("/c.pem: ") && m.contains("not a PEM"), "{m}");
+        let m = msg(inspect(cert.as_bytes(), b"hello", now));
+        assert!(
+            m.starts_with("/k.pem: ") && m.contains("not a PEM private key"),
+            "{m}"
+        );
+        // Valid now, expired two years later.
+        let later = now + Duration::from_secs(2 * 366 * 86400);
+        assert!(inspect(cert.as_bytes(), key.as_bytes(), later).is_err());
+    }
+
+    #[test]
+    fn serials_compare_as_envoy_prints_them() {
+        assert_eq!(normalize_serial("002A01"), "2a01");
+        let json = serde_json::json!({"certificates":[{"cert_chain":[{"serial_number":"2a01"}],"ca_cert":[]}]});
+        assert_eq!(served_serials(&json), ["2a01"]);
+    }
+}
