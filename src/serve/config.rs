@@ -1,10 +1,13 @@
-//! The config watcher: watches the config file's directory (editors replace files by rename),
+//! The config watcher: watches the config file and every file it names (certificates, keys,
+//! CA, IR and bootstrap files) through their directories (editors and certbot replace files by
+//! rename),
 //! waits until the events stop for [`super::DEBOUNCE`], then re-loads and re-renders. A broken
 //! edit is logged and recorded (Accepted=False, InvalidParameters, with file:line:col) and
 //! ignored: the last good config keeps running.
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::{Context, Result};
 use notify::{RecursiveMode, Watcher};
@@ -16,29 +19,23 @@ use super::{log, Shared, Trigger, DEBOUNCE};
 pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
     let file =
         std::path::absolute(&shared.opts.config).unwrap_or_else(|_| shared.opts.config.clone());
-    let dir = file
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_else(|| PathBuf::from("."));
-    let name = file.file_name().map(|n| n.to_os_string());
+    let watched: Arc<Mutex<BTreeSet<PathBuf>>> =
+        Arc::new(Mutex::new(BTreeSet::from([file.clone()])));
     let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+    let matches = watched.clone();
     let mut watcher = notify::recommended_watcher(move |res: notify::Result<notify::Event>| {
         let Ok(event) = res else { return };
         if event.kind.is_access() {
             return;
         }
-        if event
-            .paths
-            .iter()
-            .any(|p| p.file_name().map(|n| n.to_os_string()) == name)
-        {
+        let files = matches.lock().unwrap_or_else(|e| e.into_inner());
+        if event.paths.iter().any(|p| files.contains(p)) {
             let _ = tx.send(());
         }
     })
     .context("cannot start the config file watcher")?;
-    watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
-        .with_context(|| format!("cannot watch {}", dir.display()))?;
+    let mut dirs = BTreeSet::new();
+    watch_named(&shared, &file, &watched, &mut dirs, &mut watcher)?;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
@@ -52,7 +49,11 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
                 _ = rx.recv() => continue,
             }
         }
-        match shared.reload() {
+        let reloaded = shared.reload();
+        if let Err(e) = watch_named(&shared, &file, &watched, &mut dirs, &mut watcher) {
+            log(shared.opts.mode, &format!("{e:#}"));
+        }
+        match reloaded {
             Ok(true) => {
                 let gens = shared
                     .desired
@@ -73,4 +74,45 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
             ),
         }
     }
+}
+
+/// Watches the config file and every file it names (certificates, keys, CA, IR and bootstrap
+/// files): their directories, since editors and certbot replace files by rename. The names
+/// come from the config as it parses now (the last good list when it does not).
+fn watch_named(
+    shared: &Shared,
+    config: &Path,
+    watched: &Mutex<BTreeSet<PathBuf>>,
+    dirs: &mut BTreeSet<PathBuf>,
+    watcher: &mut notify::RecommendedWatcher,
+) -> Result<()> {
+    let mut files = BTreeSet::from([config.to_path_buf()]);
+    match crate::source::file::load(&shared.opts.config) {
+        Ok(c) => files.extend(
+            c.files
+                .iter()
+                .map(|f| std::path::absolute(f).unwrap_or_else(|_| f.clone())),
+        ),
+        Err(_) => files.extend(
+            watched
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .cloned(),
+        ),
+    }
+    for f in &files {
+        let dir = f
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        if !dirs.contains(&dir) {
+            watcher
+                .watch(&dir, RecursiveMode::NonRecursive)
+                .with_context(|| format!("cannot watch {} (for {})", dir.display(), f.display()))?;
+            dirs.insert(dir);
+        }
+    }
+    *watched.lock().unwrap_or_else(|e| e.into_inner()) = files;
+    Ok(())
 }

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::convert::Infallible;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -118,6 +119,9 @@ pub struct ProxyStatus {
     /// What the reconciler is doing for it now, if anything.
     pub busy: Option<String>,
     pub replicas: Vec<ReplicaStatus>,
+    /// The listener certificates of the config, checked (every replica confirmed serving them
+    /// unless a condition says otherwise).
+    pub certificates: Vec<CertificateStatus>,
     pub conditions: Vec<Condition>,
     pub last_rollout: Option<RolloutRecord>,
     pub last_reconcile: Option<String>,
@@ -143,6 +147,38 @@ pub struct ReplicaStatus {
     /// xDS mode: the version it accepted from the xDS server and the updates it rejected.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub xds: Option<crate::status::xds::XdsConfig>,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateStatus {
+    pub listener: String,
+    pub file: PathBuf,
+    pub subject: String,
+    /// Lowercase hex, as Envoy's admin `/certs`.
+    pub serial: String,
+    pub sha256: String,
+    /// Unix seconds.
+    pub not_before: i64,
+    pub not_after: i64,
+    /// RFC 3339.
+    pub expires: String,
+}
+
+impl From<&crate::certificates::Certificate> for CertificateStatus {
+    fn from(c: &crate::certificates::Certificate) -> Self {
+        let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.not_after.max(0) as u64);
+        CertificateStatus {
+            listener: c.listener.clone(),
+            file: c.cert_file.clone(),
+            subject: c.subject.clone(),
+            serial: c.serial.clone(),
+            sha256: c.sha256.clone(),
+            not_before: c.not_before,
+            not_after: c.not_after,
+            expires: humantime::format_rfc3339_seconds(at).to_string(),
+        }
+    }
 }
 
 async fn status(shared: &Shared) -> Result<ServeStatus> {
@@ -201,6 +237,10 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
         proxies.push(ProxyStatus {
             desired_generation: generations.get(&name).copied().unwrap_or(rec.generation),
             desired_replicas: targets.get(&name).map(|t| t.desired.replicas).unwrap_or(0),
+            certificates: targets
+                .get(&name)
+                .map(|t| t.certificates.iter().map(CertificateStatus::from).collect())
+                .unwrap_or_default(),
             busy: busy.get(&name).cloned(),
             name,
             replicas,
@@ -256,6 +296,27 @@ async fn metrics(shared: &Shared) -> String {
             &[("proxy", p)],
             if busy.contains_key(p) { 1.0 } else { 0.0 },
         );
+    }
+    let targets = shared
+        .desired
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .targets
+        .clone();
+    m.clear("berth_certificate_expiry_timestamp_seconds");
+    for t in targets.values() {
+        for c in &t.certificates {
+            m.set(
+                "berth_certificate_expiry_timestamp_seconds",
+                "When a listener certificate expires (not_after), Unix seconds.",
+                &[
+                    ("proxy", t.name()),
+                    ("listener", &c.listener),
+                    ("serial", &c.serial),
+                ],
+                c.not_after as f64,
+            );
+        }
     }
     let mut out = m.render();
     out.push_str(&envoy);

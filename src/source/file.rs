@@ -63,6 +63,9 @@ pub struct Config {
     pub serve: ServeSection,
     /// Things worth saying that are not errors (an IR proxy without listeners was skipped).
     pub notes: Vec<String>,
+    /// Every file the config names (certificates, keys, CA files, IR files, bootstrap
+    /// override files), absolute: `serve` watches them besides the config itself.
+    pub files: Vec<PathBuf>,
 }
 
 impl Config {
@@ -76,6 +79,7 @@ impl Config {
             envoy_gateway: None,
             serve: ServeSection::default(),
             notes: Vec::new(),
+            files: Vec::new(),
         }
     }
 }
@@ -159,6 +163,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         infra: walked.infra,
         envoy_gateway: walked.envoy_gateway,
         notes: walked.notes,
+        files: cx.named_files(),
     })
 }
 

@@ -102,16 +102,30 @@ pub struct Load {
 impl Load {
     /// Starts `connections` keep-alive clients sending `GET path` to 127.0.0.1:port.
     pub fn start(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
-        Load::spawn(port, path, connections, max_time, false)
+        Load::spawn(port, path, connections, max_time, false, None)
+    }
+
+    /// Like [`Load::start`] over HTTPS (any server certificate accepted, SNI "localhost");
+    /// each connection sends 20 requests, then a new handshake follows.
+    pub fn start_tls(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
+        let tls = Some(super::tls::connector());
+        Load::spawn(port, path, connections, max_time, false, tls)
     }
 
     /// Starts `clients` clients that each open a connection, send one `GET path` with
     /// `connection: close`, read the answer, and start over.
     pub fn start_per_request(port: u16, path: &str, clients: usize, max_time: Duration) -> Load {
-        Load::spawn(port, path, clients, max_time, true)
+        Load::spawn(port, path, clients, max_time, true, None)
     }
 
-    fn spawn(port: u16, path: &str, connections: usize, max_time: Duration, close: bool) -> Load {
+    fn spawn(
+        port: u16,
+        path: &str,
+        connections: usize,
+        max_time: Duration,
+        close: bool,
+        tls: Option<tokio_rustls::TlsConnector>,
+    ) -> Load {
         let now = Instant::now();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -128,7 +142,8 @@ impl Load {
             .map(|_| {
                 let shared = shared.clone();
                 let path = path.to_string();
-                tokio::spawn(async move { client(port, path, shared, deadline, close).await })
+                let tls = tls.clone();
+                tokio::spawn(async move { client(port, path, shared, deadline, close, tls).await })
             })
             .collect();
         Load {
@@ -193,15 +208,29 @@ fn record_timeout(shared: &Shared, what: &str) {
 }
 
 /// Opens a keep-alive HTTP/1.1 connection, within [`REQUEST_TIMEOUT`].
+/// A plain or TLS stream.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for T {}
+
+/// Opens a keep-alive HTTP/1.1 connection (over TLS with `tls`), within [`REQUEST_TIMEOUT`].
 async fn connect(
     port: u16,
     shared: &Shared,
+    tls: Option<&tokio_rustls::TlsConnector>,
 ) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
     let open = async {
         let stream = TcpStream::connect(("127.0.0.1", port))
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = stream.set_nodelay(true);
+        let stream: Box<dyn Stream> = match tls {
+            None => Box::new(stream),
+            Some(tls) => Box::new(
+                tls.connect(super::tls::localhost(), stream)
+                    .await
+                    .map_err(|e| format!("tls handshake: {e}"))?,
+            ),
+        };
         hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
             .map_err(|e| format!("handshake: {e}"))
@@ -225,12 +254,25 @@ async fn connect(
     }
 }
 
-async fn client(port: u16, path: String, shared: Arc<Shared>, deadline: Instant, close: bool) {
+async fn client(
+    port: u16,
+    path: String,
+    shared: Arc<Shared>,
+    deadline: Instant,
+    close: bool,
+    tls: Option<tokio_rustls::TlsConnector>,
+) {
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let Some(mut sender) = connect(port, &shared).await else {
+        let Some(mut sender) = connect(port, &shared, tls.as_ref()).await else {
             continue;
         };
+        // Over TLS, new handshakes keep coming (a rotation must not fail one).
+        let mut left = if tls.is_some() { 20 } else { u64::MAX };
         while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            if left == 0 {
+                continue 'connection;
+            }
+            left -= 1;
             if sender.ready().await.is_err() {
                 // The server closed the connection between requests (after `connection:
                 // close`): not a failed request, open a new connection.

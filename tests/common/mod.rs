@@ -11,6 +11,7 @@ pub mod fleet;
 pub mod host;
 pub mod load;
 pub mod serve;
+pub mod tls;
 pub mod xds;
 
 use std::collections::BTreeMap;

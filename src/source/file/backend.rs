@@ -170,7 +170,7 @@ pub(super) fn pem(cx: &mut Ctx, t: &Tbl, key: &str, kind: &str) -> PathBuf {
         s.err(cx, format!("must be {what}, got an empty string"));
         return PathBuf::new();
     }
-    let path = cx.resolve(s.v);
+    let path = cx.named_file(s.v);
     if let Err(m) = pem_file(&path, kind) {
         s.err(cx, m);
     }

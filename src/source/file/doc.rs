@@ -20,6 +20,8 @@ pub(super) struct Ctx {
     text: String,
     line_starts: Vec<usize>,
     errors: Vec<ConfigError>,
+    /// Every file the config names (certificates, keys, IR and bootstrap files).
+    named: std::cell::RefCell<Vec<PathBuf>>,
 }
 
 impl Ctx {
@@ -37,6 +39,7 @@ impl Ctx {
             text: text.to_string(),
             line_starts,
             errors: Vec::new(),
+            named: Default::default(),
         }
     }
 
@@ -75,6 +78,22 @@ impl Ctx {
         self.errors.sort_by_key(|e| (e.line, e.column));
         self.errors.dedup();
         ConfigErrors(self.errors)
+    }
+
+    /// A file the config names (resolved as [`Ctx::resolve`]), remembered so `serve` can
+    /// watch it.
+    pub fn named_file(&self, p: &str) -> PathBuf {
+        let path = self.resolve(p);
+        self.named.borrow_mut().push(path.clone());
+        path
+    }
+
+    /// The files [`Ctx::named_file`] resolved, sorted.
+    pub fn named_files(&self) -> Vec<PathBuf> {
+        let mut files = self.named.borrow().clone();
+        files.sort();
+        files.dedup();
+        files
     }
 
     /// A file path from the config, relative to the config file's directory.

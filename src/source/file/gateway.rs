@@ -96,7 +96,7 @@ pub(super) fn section(cx: &mut Ctx, root: &Tbl) -> Option<(EnvoyGateway, Vec<IrF
                 s.err(cx, m);
                 continue;
             }
-            let path = cx.resolve(s.v);
+            let path = cx.named_file(s.v);
             files.push((path, Item::new(s.v.to_string(), s.span, s.field)));
         }
     }

@@ -330,7 +330,7 @@ pub(super) fn bootstrap(cx: &mut Ctx, p: &Tbl) -> Option<ir::BootstrapOverride> 
     let (text, at) = match (value, file) {
         (Some(v), None) => (v.v.to_string(), v),
         (None, Some(f)) => {
-            let path = cx.resolve(f.v);
+            let path = cx.named_file(f.v);
             let text = match std::fs::metadata(&path) {
                 Ok(m) if m.len() > 1024 * 1024 => Err("is larger than 1 MiB".to_string()),
                 Ok(m) if !m.is_file() => Err("is not a regular file".to_string()),
