@@ -86,14 +86,6 @@ impl Metrics {
         });
     }
 
-    /// Removes every series of one family (before it is set afresh).
-    pub fn clear(&self, name: &str) {
-        let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(fam) = families.get_mut(name) {
-            fam.values.clear();
-        }
-    }
-
     /// Removes every series of a family whose labels include `key=value` (a removed proxy).
     pub fn forget(&self, key: &str, value: &str) {
         let mut families = self.families.lock().unwrap_or_else(|e| e.into_inner());

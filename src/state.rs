@@ -151,8 +151,9 @@ impl StateDir {
                 continue;
             }
             write_atomic(&path, content, mode)?;
-            std::os::unix::fs::chown(&path, Some(REPLICA_UID), Some(REPLICA_GID))
-                .with_context(|| format!("cannot hand {} to uid {REPLICA_UID}", path.display()))?;
+            let user = crate::replica::replica_user();
+            std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
+                .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
             changed.push(format!("{}/{name}", cert.listener));
         }
         Ok(changed)
