@@ -27,7 +27,7 @@ mkdir -p "$results"
 
 header() {  # header NAME
   local dirty=""
-  git diff --quiet HEAD -- src templates bench scripts Cargo.toml || dirty=" (with uncommitted changes)"
+  git diff --quiet HEAD -- src templates bench scripts Cargo.toml ':!bench/results' || dirty=" (with uncommitted changes)"
   echo "# scripts/bench.sh $1"
   echo "date:           $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit:         $(git rev-parse HEAD)$dirty"
