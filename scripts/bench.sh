@@ -38,8 +38,9 @@ header() {  # header NAME
   echo "envoy:          $(for v in 1.39.3 1.40.0; do docker run --rm --network none "berth/envoy:$v" --version \
                             | grep -o 'version: [^ ]*' | head -n1 | sed "s|^|berth/envoy:$v |"; done | paste -sd';' -)"
   echo "host:           $(uname -sr), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
-  echo "note:           one modest run on a host shared with 8 engineers' builds and tests (2 cores):"
-  echo "                expect noise; compare the two sides of one run, not runs with each other."
+  echo "load:           $(cut -d' ' -f1-3 /proc/loadavg) (1/5/15-minute load average at the start)"
+  echo "note:           one modest run; other work on the host adds noise: compare the two sides"
+  echo "                of one run, not runs with each other."
 }
 
 run() {  # run NAME
