@@ -42,28 +42,6 @@ fn set_mode(path: &Path, mode: u32) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A self-signed certificate and key (`openssl`), for the xDS client files every bootstrap
-/// reads through SDS.
-fn cert() -> (String, String) {
-    let dir = tempfile::tempdir().unwrap();
-    let out = Command::new("openssl")
-        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt"])
-        .args(["ec_paramgen_curve:prime256v1", "-nodes", "-days", "2"])
-        .args(["-subj", "/CN=berth-test", "-keyout"])
-        .arg(dir.path().join("key.pem"))
-        .arg("-out")
-        .arg(dir.path().join("cert.pem"))
-        .output()
-        .expect("running openssl");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let read = |f: &str| std::fs::read_to_string(dir.path().join(f)).unwrap();
-    (read("cert.pem"), read("key.pem"))
-}
-
 /// The files as a replica sees them, the bootstrap being the validation bootstrap (as berth's
 /// validation step writes it).
 fn lay_out(
@@ -157,7 +135,8 @@ fn envoy_validates_every_accepted_corpus_bootstrap() {
     common::fleet::ensure_images();
     let cleanup = common::Cleanup::new("eg-corpus-envoy");
     let label = format!("{}={}", common::LABEL_TEST_CASE, cleanup.case);
-    let tls = cert();
+    // A self-signed pair for the xDS client files every bootstrap reads through SDS.
+    let tls = common::tls::pair(1, 2025, 2035);
     let renderer = Renderer::builtin();
     // (validation bootstrap, watched files, args with the service cluster blanked) → case.
     let mut cases: BTreeMap<(String, String, Vec<String>), Case> = BTreeMap::new();
@@ -243,7 +222,7 @@ fn a_bootstrap_envoy_refuses_fails_the_harness() {
         dir: lay_out(
             &format!("{boot}\nnot_a_bootstrap_field: 1\n"),
             &rendered.xds,
-            &cert(),
+            &common::tls::pair(2, 2025, 2035),
         ),
     };
     let err = validate(&case, &label).expect_err("Envoy accepted an unknown field");
