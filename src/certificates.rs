@@ -18,10 +18,18 @@ use sha2::{Digest, Sha256};
 
 use crate::ir;
 
-/// One listener's certificate chain and key, checked.
+/// One listener certificate's chain and key, checked.
 #[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Certificate {
     pub listener: String,
+    /// Its SDS secret's name, also its directory under the state's `tls/` (see
+    /// [`ir::ListenerRouting::certificates`]).
+    pub secret: String,
+    /// The SNI names that choose it; empty for the listener's default certificate.
+    pub server_names: Vec<String>,
+    /// The DNS names (and IP addresses) the leaf certificate is for: its subjectAltName, else
+    /// its common name.
+    pub names: Vec<String>,
     pub cert_file: PathBuf,
     pub key_file: PathBuf,
     /// The leaf's serial number, lowercase hex without leading zeros (as Envoy's `/certs`).
@@ -45,6 +53,7 @@ impl std::fmt::Debug for Certificate {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Certificate")
             .field("listener", &self.listener)
+            .field("secret", &self.secret)
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
             .field("serial", &self.serial)
@@ -74,10 +83,23 @@ pub fn load(proxy: &ir::ProxyInfra, now: SystemTime) -> Result<Vec<Certificate>>
     let mut out = Vec::new();
     let mut errors = Vec::new();
     for l in &s.listeners {
-        let Some(tls) = &l.tls else { continue };
-        match check(&l.listener, &tls.cert_file, &tls.key_file, now) {
-            Ok(c) => out.push(c),
-            Err(e) => errors.push(format!("listener {:?}: {e:#}", l.listener)),
+        for lc in l.certificates() {
+            let tls = lc.files;
+            match check(&l.listener, &tls.cert_file, &tls.key_file, now) {
+                Ok(mut c) => {
+                    c.secret = lc.secret;
+                    c.server_names = lc.server_names;
+                    out.push(c)
+                }
+                Err(e) if lc.server_names.is_empty() => {
+                    errors.push(format!("listener {:?}: {e:#}", l.listener))
+                }
+                Err(e) => errors.push(format!(
+                    "listener {:?}, certificate for {}: {e:#}",
+                    l.listener,
+                    lc.server_names.join(", ")
+                )),
+            }
         }
     }
     if !errors.is_empty() {
@@ -103,6 +125,7 @@ pub fn check(
     let mut c = inspect(&cert_pem, &key_pem, now)
         .map_err(|e| anyhow!("{}", e.message(cert_file, key_file)))?;
     c.listener = listener.to_string();
+    c.secret = listener.to_string();
     c.cert_file = cert_file.to_path_buf();
     c.key_file = key_file.to_path_buf();
     Ok(c)
@@ -177,15 +200,7 @@ fn inspect(cert_pem: &[u8], key_pem: &[u8], now: SystemTime) -> Result<Certifica
             validity.not_before
         )));
     }
-    let serial = {
-        let hex = hex::encode(x509.raw_serial());
-        let trimmed = hex.trim_start_matches('0');
-        if trimmed.is_empty() {
-            "0".to_string()
-        } else {
-            trimmed.to_string()
-        }
-    };
+    let serial = serial(&x509);
     let mut h = Sha256::new();
     h.update(cert_pem);
     h.update([0]);
@@ -193,6 +208,9 @@ fn inspect(cert_pem: &[u8], key_pem: &[u8], now: SystemTime) -> Result<Certifica
     let version = hex::encode(h.finalize())[..16].to_string();
     Ok(Certificate {
         listener: String::new(),
+        secret: String::new(),
+        server_names: Vec::new(),
+        names: names(&x509),
         cert_file: PathBuf::new(),
         key_file: PathBuf::new(),
         serial,
@@ -204,6 +222,77 @@ fn inspect(cert_pem: &[u8], key_pem: &[u8], now: SystemTime) -> Result<Certifica
         cert_pem: cert_pem.to_vec(),
         key_pem: key_pem.to_vec(),
     })
+}
+
+/// The subjectAltName DNS names and IP addresses of a certificate, else its common names.
+fn names(x509: &x509_parser::certificate::X509Certificate<'_>) -> Vec<String> {
+    use x509_parser::extensions::GeneralName;
+    let mut out = Vec::new();
+    if let Ok(Some(san)) = x509.subject_alternative_name() {
+        for n in &san.value.general_names {
+            match n {
+                GeneralName::DNSName(d) => out.push(d.to_string()),
+                GeneralName::IPAddress(b) => match b.len() {
+                    4 => out.push(
+                        std::net::Ipv4Addr::from(<[u8; 4]>::try_from(*b).unwrap_or_default())
+                            .to_string(),
+                    ),
+                    16 => out.push(
+                        std::net::Ipv6Addr::from(<[u8; 16]>::try_from(*b).unwrap_or_default())
+                            .to_string(),
+                    ),
+                    _ => {}
+                },
+                _ => {}
+            }
+        }
+    }
+    if out.is_empty() {
+        out.extend(
+            x509.subject()
+                .iter_common_name()
+                .filter_map(|cn| cn.as_str().ok().map(str::to_string)),
+        );
+    }
+    out
+}
+
+/// What a delivered certificate copy is (no key needed, expired ones too): for status.
+pub fn describe(cert_pem: &[u8]) -> Result<Certificate> {
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| anyhow!("not a PEM certificate file ({e})"))?;
+    let leaf = chain
+        .first()
+        .ok_or_else(|| anyhow!("no -----BEGIN CERTIFICATE----- block"))?;
+    let (_, x509) =
+        x509_parser::parse_x509_certificate(leaf).map_err(|e| anyhow!("not valid X.509 ({e})"))?;
+    Ok(Certificate {
+        listener: String::new(),
+        secret: String::new(),
+        server_names: Vec::new(),
+        names: names(&x509),
+        cert_file: PathBuf::new(),
+        key_file: PathBuf::new(),
+        serial: serial(&x509),
+        sha256: hex::encode(Sha256::digest(leaf.as_ref())),
+        subject: x509.subject().to_string(),
+        not_before: x509.validity().not_before.timestamp(),
+        not_after: x509.validity().not_after.timestamp(),
+        version: String::new(),
+        cert_pem: cert_pem.to_vec(),
+        key_pem: Vec::new(),
+    })
+}
+
+fn serial(x509: &x509_parser::certificate::X509Certificate<'_>) -> String {
+    let hex = hex::encode(x509.raw_serial());
+    let trimmed = hex.trim_start_matches('0');
+    if trimmed.is_empty() {
+        "0".to_string()
+    } else {
+        trimmed.to_string()
+    }
 }
 
 /// A serial as Envoy's `/certs` prints it, comparable with [`Certificate::serial`].

@@ -59,6 +59,14 @@ impl ProxyInfra {
         self.service_cluster.as_deref().unwrap_or(&self.name)
     }
 
+    /// Every address and port Envoy binds on the host.
+    pub fn host_binds(&self) -> Vec<(std::net::IpAddr, u16)> {
+        self.listeners
+            .iter()
+            .flat_map(|l| l.ports.iter().map(|p| (l.bind_address(), p.container_port)))
+            .collect()
+    }
+
     /// Every port Envoy binds on the host (host networking: container port = host port).
     pub fn host_ports(&self) -> Vec<u16> {
         self.listeners
@@ -82,6 +90,17 @@ pub struct InfraMetadata {
 pub struct ProxyListener {
     pub name: String,
     pub ports: Vec<ListenerPort>,
+    /// The IP address the ports are bound on; None binds every IPv4 address (0.0.0.0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
+}
+
+impl ProxyListener {
+    /// The address its ports are bound on: [`ProxyListener::address`] or 0.0.0.0.
+    pub fn bind_address(&self) -> std::net::IpAddr {
+        self.address
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -295,10 +314,68 @@ impl Standalone {
 pub struct ListenerRouting {
     /// The [`ProxyListener`] name this applies to.
     pub listener: String,
-    /// TLS termination; present for HTTPS listeners and TLS-terminating TCP listeners.
+    /// TLS termination; present for HTTPS listeners and TLS-terminating TCP listeners. On an
+    /// HTTPS listener whose virtual hosts carry certificates of their own, this one is served
+    /// to clients whose SNI names none of them.
     #[serde(default)]
     pub tls: Option<TlsFiles>,
     pub traffic: Traffic,
+    /// HTTP: WebSocket upgrades are passed to the backend.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub websocket: bool,
+    #[serde(default)]
+    pub access_log: AccessLog,
+}
+
+impl ListenerRouting {
+    /// Every certificate this listener serves, each with the name of its SDS secret (also its
+    /// directory under the state's `tls/`) and the SNI names that choose it: the listener's
+    /// own (no names: the default) and each virtual host's, named `<listener>_<vhost>` (both
+    /// are DNS labels, so the `_` keeps every name apart).
+    pub fn certificates(&self) -> Vec<ListenerCertificate<'_>> {
+        let mut out: Vec<ListenerCertificate<'_>> = self
+            .tls
+            .iter()
+            .map(|files| ListenerCertificate {
+                secret: self.listener.clone(),
+                server_names: Vec::new(),
+                files,
+            })
+            .collect();
+        if let Traffic::Http { virtual_hosts } = &self.traffic {
+            for vh in virtual_hosts {
+                if let Some(files) = &vh.tls {
+                    out.push(ListenerCertificate {
+                        secret: format!("{}_{}", self.listener, vh.name),
+                        server_names: vh.domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
+                        files,
+                    });
+                }
+            }
+        }
+        out
+    }
+}
+
+/// One certificate of a listener (see [`ListenerRouting::certificates`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ListenerCertificate<'a> {
+    pub secret: String,
+    /// Empty for the listener's default certificate.
+    pub server_names: Vec<String>,
+    pub files: &'a TlsFiles,
+}
+
+/// A listener's access log, written to the replica's stdout (so `berth logs` shows it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccessLog {
+    Off,
+    /// Envoy's default text format.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -323,6 +400,10 @@ pub struct VirtualHost {
     /// Host header values; `["*"]` matches any.
     pub domains: Vec<String>,
     pub routes: Vec<Route>,
+    /// HTTPS: this virtual host's own certificate, served to clients whose SNI is one of
+    /// `domains`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<TlsFiles>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

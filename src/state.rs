@@ -128,7 +128,7 @@ impl StateDir {
         cert: &crate::certificates::Certificate,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<String>> {
-        let dir = self.proxy(proxy).tls(&cert.listener);
+        let dir = self.proxy(proxy).tls(&cert.secret);
         create_dir(&dir, 0o755)?;
         let (cert_name, key_name) = (cert.cert_name(), cert.key_name());
         for entry in fs::read_dir(&dir)? {
@@ -154,7 +154,7 @@ impl StateDir {
             let user = crate::replica::replica_user();
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
-            changed.push(format!("{}/{name}", cert.listener));
+            changed.push(format!("{}/{name}", cert.secret));
         }
         Ok(changed)
     }

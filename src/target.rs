@@ -41,7 +41,7 @@ pub fn targets(
                 .with_context(|| format!("proxy {}: listener certificates", proxy.name))?;
             let versions = certificates
                 .iter()
-                .map(|c| (c.listener.clone(), c.version.clone()))
+                .map(|c| (c.secret.clone(), c.version.clone()))
                 .collect();
             let rendered = renderer
                 .render_with_certificates(proxy, &versions)

@@ -111,9 +111,16 @@ fn lay_out(proxy: &ProxyInfra, rendered: &Rendered) -> tempfile::TempDir {
     // TLS material for every owner that might need it: each listener, and the xDS client.
     let (cert, key) = cert();
     let mut owners: Vec<&str> = proxy.listeners.iter().map(|l| l.name.as_str()).collect();
-    if matches!(proxy.routing, Routing::Xds(_)) {
-        owners.push("xds");
-    }
+    let secrets: Vec<String> = match &proxy.routing {
+        Routing::Standalone(s) => s
+            .listeners
+            .iter()
+            .flat_map(|l| l.certificates())
+            .map(|c| c.secret)
+            .collect(),
+        Routing::Xds(_) => vec!["xds".to_string()],
+    };
+    owners.extend(secrets.iter().map(String::as_str));
     for owner in owners {
         write(&format!("tls/{owner}/cert.pem"), cert);
         write(&format!("tls/{owner}/key.pem"), key);

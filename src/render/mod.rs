@@ -264,10 +264,12 @@ mod tests {
                 ProxyListener {
                     name: s("http-listener"),
                     ports: vec![port(8080, Protocol::Https)],
+                    address: None,
                 },
                 ProxyListener {
                     name: s("tcp-listener"),
                     ports: vec![port(9000, Protocol::Tcp)],
+                    address: None,
                 },
             ],
             addresses: vec![],
@@ -330,8 +332,11 @@ mod tests {
                                         }),
                                     ),
                                 ],
+                                tls: None,
                             }],
                         },
+                        websocket: true,
+                        access_log: AccessLog::Json,
                     },
                     ListenerRouting {
                         listener: s("tcp-listener"),
@@ -339,6 +344,8 @@ mod tests {
                         traffic: Traffic::Tcp {
                             backend: s("backend-a"),
                         },
+                        websocket: false,
+                        access_log: AccessLog::Text,
                     },
                 ],
                 backends: ["backend-a", "backend-b"]

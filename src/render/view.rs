@@ -82,14 +82,33 @@ pub struct ListenerView {
     /// The Envoy listener name (the IR listener name, suffixed with the port when it has
     /// several).
     pub name: String,
+    /// The IP address it binds ("0.0.0.0" unless the listener names one).
+    pub address: String,
+    /// "::" binds IPv4 too (`ipv4_compat`), as a dual-stack socket does on Linux.
+    pub ipv4_compat: bool,
     pub port: u16,
     /// "http" or "tcp".
     pub kind: &'static str,
-    pub tls: Option<TlsView>,
+    /// The filter chains: one per virtual host with its own certificate (chosen by SNI),
+    /// then the default one.
+    pub chains: Vec<ChainView>,
+    /// Some chain is chosen by SNI, so the listener needs the TLS inspector.
+    pub sni: bool,
+    /// HTTP: WebSocket upgrades pass.
+    pub websocket: bool,
+    /// "text", "json", or None for no access log.
+    pub access_log: Option<&'static str>,
     /// HTTP: the RDS route configuration name.
     pub route_config: Option<String>,
     /// TCP: the cluster to proxy to.
     pub cluster: Option<String>,
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct ChainView {
+    /// SNI names choosing this chain; empty for the default chain.
+    pub server_names: Vec<String>,
+    pub tls: Option<TlsView>,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -349,24 +368,39 @@ fn standalone(
                 l.name
             );
         };
-        let tls = r.tls.as_ref().map(|_| {
-            let (cert, key) = match versions.get(&l.name) {
+        let mut sni_chains = Vec::new();
+        let mut tls = None;
+        for c in r.certificates() {
+            let (cert, key) = match versions.get(&c.secret) {
                 Some(v) => (format!("cert-{v}.pem"), format!("key-{v}.pem")),
                 None => ("cert.pem".to_string(), "key.pem".to_string()),
             };
-            let file = listener_secret_file(&l.name);
-            let tls = TlsView {
-                secret: l.name.clone(),
+            let file = listener_secret_file(&c.secret);
+            let view = TlsView {
+                secret: c.secret.clone(),
                 sds: format!("{}/{file}", layout::CONTAINER_XDS_DIR),
-                cert: layout::container_tls_file(&l.name, &cert),
-                key: layout::container_tls_file(&l.name, &key),
+                cert: layout::container_tls_file(&c.secret, &cert),
+                key: layout::container_tls_file(&c.secret, &key),
             };
             ctx.secrets.push(SecretView {
                 file,
-                tls: tls.clone(),
+                tls: view.clone(),
             });
-            tls
-        });
+            if c.server_names.is_empty() {
+                tls = Some(view);
+            } else {
+                sni_chains.push(ChainView {
+                    server_names: c.server_names,
+                    tls: Some(view),
+                });
+            }
+        }
+        let address = l.bind_address();
+        let access_log = match r.access_log {
+            ir::AccessLog::Off => None,
+            ir::AccessLog::Text => Some("text"),
+            ir::AccessLog::Json => Some("json"),
+        };
         for p in &l.ports {
             let name = if l.ports.len() == 1 {
                 l.name.clone()
@@ -398,25 +432,32 @@ fn standalone(
                     p.protocol
                 );
             }
-            let tls = tls.clone();
-            ctx.listeners.push(match &r.traffic {
-                Traffic::Http { .. } => ListenerView {
-                    name,
-                    port: p.container_port,
-                    kind: "http",
-                    tls,
-                    route_config: Some(l.name.clone()),
-                    cluster: None,
-                },
-                Traffic::Tcp { backend: b } => ListenerView {
-                    name,
-                    port: p.container_port,
-                    kind: "tcp",
-                    tls,
-                    route_config: None,
-                    cluster: Some(backend(b, &format!("TCP listener {:?}", l.name))?),
-                },
+            let mut chains = sni_chains.clone();
+            chains.push(ChainView {
+                server_names: Vec::new(),
+                tls: tls.clone(),
             });
+            let mut view = ListenerView {
+                name,
+                address: address.to_string(),
+                ipv4_compat: address == std::net::IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                port: p.container_port,
+                kind: "http",
+                sni: !sni_chains.is_empty(),
+                chains,
+                websocket: r.websocket,
+                access_log,
+                route_config: None,
+                cluster: None,
+            };
+            match &r.traffic {
+                Traffic::Http { .. } => view.route_config = Some(l.name.clone()),
+                Traffic::Tcp { backend: b } => {
+                    view.kind = "tcp";
+                    view.cluster = Some(backend(b, &format!("TCP listener {:?}", l.name))?);
+                }
+            }
+            ctx.listeners.push(view);
         }
         if let Traffic::Http { virtual_hosts } = &r.traffic {
             let mut max_body = 0;

@@ -255,11 +255,11 @@ pub fn tls_files(proxy: &ir::ProxyInfra) -> Vec<TlsFile> {
         ir::Routing::Standalone(standalone) => standalone
             .listeners
             .iter()
-            .filter_map(|l| l.tls.as_ref().map(|t| (l, t)))
-            .flat_map(|(l, t)| {
+            .flat_map(|l| l.certificates())
+            .flat_map(|c| {
                 [
-                    file(&l.listener, "cert.pem", &t.cert_file),
-                    file(&l.listener, "key.pem", &t.key_file),
+                    file(&c.secret, "cert.pem", &c.files.cert_file),
+                    file(&c.secret, "key.pem", &c.files.key_file),
                 ]
             })
             .collect(),

@@ -42,6 +42,7 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
                     service_port: p,
                     container_port: p,
                 }],
+                address: None,
             })
             .collect(),
         addresses: Vec::new(),
@@ -55,6 +56,8 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
                     traffic: Traffic::Http {
                         virtual_hosts: Vec::new(),
                     },
+                    websocket: false,
+                    access_log: Default::default(),
                 })
                 .collect(),
             backends: Vec::new(),

@@ -212,6 +212,7 @@ fn listener(l: RawListener, path: &str) -> Result<ir::ProxyListener> {
     Ok(ir::ProxyListener {
         name: l.name,
         ports,
+        address: None,
     })
 }
 

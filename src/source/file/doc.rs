@@ -218,6 +218,18 @@ impl<'t, 'i> Tbl<'t, 'i> {
         int(cx, v, self.field(key), min, max)
     }
 
+    pub fn bool(&self, cx: &mut Ctx, key: &str) -> Option<Item<bool>> {
+        let v = self.get(key)?;
+        match v.get_ref() {
+            DeValue::Boolean(b) => Some(Item::new(*b, v.span(), self.field(key))),
+            other => {
+                let msg = format!("must be true or false, got {}", kind(other));
+                cx.err(&v.span(), &self.field(key), msg);
+                None
+            }
+        }
+    }
+
     pub fn array(&self, cx: &mut Ctx, key: &str) -> Option<(&'t DeArray<'i>, Span, String)> {
         let v = self.get(key)?;
         let field = self.field(key);

@@ -18,8 +18,12 @@ const LISTENER_KEYS: &[&str] = &[
     "route",
     "virtual_host",
     "backend",
+    "address",
+    "websocket",
+    "access_log",
 ];
-const VHOST_KEYS: &[&str] = &["name", "domains", "route"];
+const VHOST_KEYS: &[&str] = &["name", "domains", "route", "tls"];
+const TLS_KEYS: &[&str] = &["cert_file", "key_file"];
 
 pub(super) fn routing(
     cx: &mut Ctx,
@@ -123,27 +127,33 @@ fn listener(
         "tcp" => ir::Protocol::Tcp,
         _ => ir::Protocol::Http,
     };
+    let address = bind_address(cx, t);
     let mut routing = None;
     if xds {
-        for key in ["tls", "route", "virtual_host", "backend"] {
+        for key in [
+            "tls",
+            "route",
+            "virtual_host",
+            "backend",
+            "websocket",
+            "access_log",
+        ] {
             if t.get(key).is_some() {
                 cx.err(
                     &t.key_span(key),
                     &t.field(key),
-                    "not allowed in xds mode: Envoy Gateway provides routes, backends and TLS; a listener has only name, port and protocol",
+                    "not allowed in xds mode: Envoy Gateway provides routes, backends, TLS and access logs; a listener has only name, port, protocol and address",
                 );
             }
         }
     } else {
-        let tls = t.sub(cx, "tls", &["cert_file", "key_file"]).map(|tls| {
-            let cert_file = pem(cx, &tls, "cert_file", "CERTIFICATE");
-            let key_file = pem(cx, &tls, "key_file", "PRIVATE KEY");
-            ir::TlsFiles {
-                cert_file,
-                key_file,
-            }
-        });
+        let tls = t.sub(cx, "tls", TLS_KEYS).map(|tls| tls_files(cx, &tls));
+        let websocket = t.bool(cx, "websocket");
+        let access_log = access_log(cx, t);
         let traffic = if protocol == "tcp" {
+            if let Some(w) = &websocket {
+                w.err(cx, "WebSocket upgrades are HTTP; a tcp listener passes any stream through as it is");
+            }
             for key in ["route", "virtual_host"] {
                 if t.get(key).is_some() {
                     cx.err(
@@ -189,13 +199,15 @@ fn listener(
                 );
             }
             ir::Traffic::Http {
-                virtual_hosts: virtual_hosts(cx, t, &name.v, refs),
+                virtual_hosts: virtual_hosts(cx, t, &name.v, protocol == "https", refs),
             }
         };
         routing = Some(ir::ListenerRouting {
             listener: name.v.clone(),
             tls,
             traffic,
+            websocket: websocket.is_some_and(|w| w.v),
+            access_log,
         });
     }
     let proto_name = format!("{ir_protocol:?}").to_lowercase();
@@ -207,14 +219,77 @@ fn listener(
             service_port: port,
             container_port: port,
         }],
+        address,
     };
     (pl, routing)
+}
+
+fn tls_files(cx: &mut Ctx, tls: &Tbl) -> ir::TlsFiles {
+    ir::TlsFiles {
+        cert_file: pem(cx, tls, "cert_file", "CERTIFICATE"),
+        key_file: pem(cx, tls, "key_file", "PRIVATE KEY"),
+    }
+}
+
+/// `address`: an IPv4 or IPv6 address of this host; None (0.0.0.0) when absent.
+fn bind_address(cx: &mut Ctx, t: &Tbl) -> Option<std::net::IpAddr> {
+    let a = t.str(cx, "address")?;
+    match a.v.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_multicast() => {
+            a.err(cx, format!("{} is a multicast address; give an address of this host, e.g. \"127.0.0.1\", \"::1\", \"0.0.0.0\" or \"::\"", show(a.v)));
+            None
+        }
+        Ok(ip) => Some(ip),
+        Err(_) => {
+            a.err(cx, format!("must be an IP address of this host (IPv4 like \"127.0.0.1\" or \"0.0.0.0\", IPv6 like \"::1\" or \"::\", without brackets or port); got {}", show(a.v)));
+            None
+        }
+    }
+}
+
+fn access_log(cx: &mut Ctx, t: &Tbl) -> ir::AccessLog {
+    let Some(a) = t.str(cx, "access_log") else {
+        return ir::AccessLog::default();
+    };
+    match a.v {
+        "off" => ir::AccessLog::Off,
+        "text" => ir::AccessLog::Text,
+        "json" => ir::AccessLog::Json,
+        other => {
+            a.err(
+                cx,
+                format!("must be one of text, json, off; got {}", show(other)),
+            );
+            ir::AccessLog::default()
+        }
+    }
+}
+
+/// The name a client sends in SNI for `domain`, or why a certificate cannot be chosen by it:
+/// Envoy matches server names exactly or by a leading `*.` wildcard, never an IP or a port.
+fn server_name(domain: &str) -> Result<String, String> {
+    let name = domain.to_ascii_lowercase();
+    if name == "*" {
+        return Err("\"*\" matches any Host header but is no server name a certificate can be chosen by; move this certificate to the listener's tls (served when no virtual host's name matches) or list the names".into());
+    }
+    if name.contains(':') || name.starts_with('[') {
+        return Err(format!("{}: a virtual host with its own certificate lists host names without a port (clients send no port in SNI)", show(domain)));
+    }
+    if name.parse::<std::net::Ipv4Addr>().is_ok() {
+        return Err(format!("{}: clients send no IP address in SNI, so no certificate can be chosen by it; serve IP clients with the listener's tls", show(domain)));
+    }
+    let wild_ok = name.strip_prefix("*.").is_some_and(|r| !r.contains('*'));
+    if name.contains('*') && !wild_ok {
+        return Err(format!("{}: a certificate is chosen by an exact name or a leading \"*.\" wildcard (\"*.example.com\"); other wildcards cannot select one", show(domain)));
+    }
+    Ok(name)
 }
 
 fn virtual_hosts(
     cx: &mut Ctx,
     l: &Tbl,
     listener: &str,
+    https: bool,
     refs: &mut Vec<BackendRef>,
 ) -> Vec<ir::VirtualHost> {
     let has_routes = l.get("route").is_some();
@@ -240,14 +315,25 @@ fn virtual_hosts(
             name: listener.to_string(),
             domains: vec!["*".to_string()],
             routes,
+            tls: None,
         }];
     }
     let mut names = BTreeMap::new();
     let mut domains_seen: BTreeMap<String, Span> = BTreeMap::new();
+    // Server names of the virtual hosts' certificates: where each was first given.
+    let mut server_names: BTreeMap<String, (String, Span)> = BTreeMap::new();
     let mut out = Vec::new();
     for v in l.tables(cx, "virtual_host", VHOST_KEYS) {
         let name = name(cx, &v, "api");
         unique(cx, &mut names, &name, "virtual host");
+        let tls = v.sub(cx, "tls", TLS_KEYS).map(|tls| tls_files(cx, &tls));
+        if tls.is_some() && !https {
+            cx.err(
+                &v.key_span("tls"),
+                &v.field("tls"),
+                "a virtual host's own certificate needs protocol = \"https\" on its listener",
+            );
+        }
         let mut domains = Vec::new();
         if v.require(cx, "domains", "an array like [\"api.example.com\"]")
             .is_some()
@@ -276,6 +362,20 @@ fn virtual_hosts(
                     }
                     domains_seen.insert(key, d.span.clone());
                     domains.push(d.v.to_string());
+                    if tls.is_none() {
+                        continue;
+                    }
+                    match server_name(d.v) {
+                        Err(m) => d.err(cx, m),
+                        Ok(sni) => {
+                            if let Some((by, first)) = server_names.get(&sni) {
+                                let (line, col) = cx.position(first.start);
+                                d.err(cx, format!("server name {} already selects the certificate of {by} (line {line}, column {col}); each name may choose one certificate per listener", show(&sni)));
+                            } else {
+                                server_names.insert(sni, (v.field("tls"), d.span.clone()));
+                            }
+                        }
+                    }
                 }
             }
         }
@@ -287,6 +387,7 @@ fn virtual_hosts(
             name: name.v,
             domains,
             routes,
+            tls,
         });
     }
     out
