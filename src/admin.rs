@@ -249,6 +249,9 @@ pub struct BoundListener {
     pub name: String,
     /// The port of its local address (0 for a pipe or an address without one).
     pub port: u16,
+    /// The IP of its local address, when Envoy reports one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub address: Option<std::net::IpAddr>,
 }
 
 /// What berth asks of a replica's Envoy: the seam between the executor and the admin socket,
@@ -363,6 +366,10 @@ pub fn parse_listeners(json: &serde_json::Value) -> Vec<BoundListener> {
                         .and_then(|p| p.as_u64())
                         .and_then(|p| u16::try_from(p).ok())
                         .unwrap_or(0),
+                    address: l
+                        .pointer("/local_address/socket_address/address")
+                        .and_then(|a| a.as_str())
+                        .and_then(|a| a.parse().ok()),
                 })
                 .collect()
         })
@@ -496,11 +503,13 @@ mod tests {
             vec![
                 BoundListener {
                     name: "web".into(),
-                    port: 10080
+                    port: 10080,
+                    address: Some("0.0.0.0".parse().unwrap()),
                 },
                 BoundListener {
                     name: "p".into(),
-                    port: 0
+                    port: 0,
+                    address: None,
                 }
             ]
         );

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use anyhow::{bail, Result};
 use sysinfo::{Pid, ProcessRefreshKind, ProcessesToUpdate, System};
@@ -32,6 +33,7 @@ pub fn host_needs(targets: &[crate::target::Target]) -> crate::host::Needs {
 /// A TCP port some process listens on.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Listening {
+    pub address: IpAddr,
     pub port: u16,
     /// The owning processes, when /proc lets us see them.
     pub pids: BTreeSet<u32>,
@@ -40,18 +42,22 @@ pub struct Listening {
 /// Fails when a listener port of `infra` is held by a process that is not one of berth's
 /// replicas (`replica_pids`). The message names the port and, where it can, the process.
 pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
-    let wanted: BTreeMap<u16, &str> = infra
+    let wanted: BTreeMap<u16, (IpAddr, &str)> = infra
         .proxies
         .iter()
         .flat_map(|p| {
-            p.host_ports()
+            p.host_binds()
                 .into_iter()
-                .map(move |port| (port, p.name.as_str()))
+                .map(move |(address, port)| (port, (address, p.name.as_str())))
         })
         .collect();
     let busy = listening_tcp_ports(&wanted.keys().copied().collect())?;
     let mut problems = Vec::new();
     for held in busy {
+        let (address, proxy) = wanted[&held.port];
+        if !binds_collide(address, held.address) {
+            continue;
+        }
         let foreign: Vec<u32> = held.pids.difference(replica_pids).copied().collect();
         if held.pids.is_empty() && !replica_pids.is_empty() {
             // We cannot see the owner (not root); with replicas running, assume it is ours.
@@ -60,15 +66,16 @@ pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
         if !held.pids.is_empty() && foreign.is_empty() {
             continue;
         }
-        let proxy = wanted[&held.port];
         let owner = if foreign.is_empty() {
             "another process (run as root to see which)".to_string()
         } else {
             describe_processes(&foreign)
         };
         problems.push(format!(
-            "port {} (proxy {proxy}) is already in use by {owner}",
-            held.port
+            "port {} on {} (proxy {proxy}) is already in use on {} by {owner}",
+            held.port,
+            shown(address),
+            shown(held.address)
         ));
     }
     if !problems.is_empty() {
@@ -147,39 +154,79 @@ fn describe_processes(pids: &[u32]) -> String {
         .join(", ")
 }
 
+/// Whether a listener bound on `want` cannot coexist with a socket another process holds on
+/// `held` (same port): the same address, or a wildcard that covers the other. `::` counts as
+/// covering IPv4 too (berth binds it dual-stack; other programs usually do as well).
+fn binds_collide(want: IpAddr, held: IpAddr) -> bool {
+    let covers = |wild: IpAddr, other: IpAddr| match wild {
+        IpAddr::V4(w) => {
+            w.is_unspecified() && (other.is_ipv4() || other == IpAddr::V6(Ipv6Addr::UNSPECIFIED))
+        }
+        IpAddr::V6(w) => w.is_unspecified(),
+    };
+    want == held || covers(want, held) || covers(held, want)
+}
+
+fn shown(a: IpAddr) -> String {
+    match a {
+        IpAddr::V6(v6) => format!("[{v6}]"),
+        v4 => v4.to_string(),
+    }
+}
+
 /// The listening TCP sockets (v4 and v6) on the given ports, with their owning processes.
 pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
-    let mut inodes: BTreeMap<u64, u16> = BTreeMap::new();
+    let mut inodes: BTreeMap<u64, (IpAddr, u16)> = BTreeMap::new();
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
         let Ok(text) = fs::read_to_string(table) else {
             continue;
         };
-        for (port, inode) in parse_listen_table(&text) {
+        for (address, port, inode) in parse_listen_table(&text) {
             if ports.contains(&port) {
-                inodes.insert(inode, port);
+                inodes.insert(inode, (address, port));
             }
         }
     }
-    let mut by_port: BTreeMap<u16, BTreeSet<u32>> = BTreeMap::new();
-    for port in inodes.values() {
-        by_port.entry(*port).or_default();
+    let mut by_bind: BTreeMap<(IpAddr, u16), BTreeSet<u32>> = BTreeMap::new();
+    for bind in inodes.values() {
+        by_bind.entry(*bind).or_default();
     }
     if inodes.is_empty() {
         return Ok(Vec::new());
     }
     for (pid, inode) in socket_inodes_by_pid() {
-        if let Some(port) = inodes.get(&inode) {
-            by_port.entry(*port).or_default().insert(pid);
+        if let Some(bind) = inodes.get(&inode) {
+            by_bind.entry(*bind).or_default().insert(pid);
         }
     }
-    Ok(by_port
+    Ok(by_bind
         .into_iter()
-        .map(|(port, pids)| Listening { port, pids })
+        .map(|((address, port), pids)| Listening {
+            address,
+            port,
+            pids,
+        })
         .collect())
 }
 
-/// (local port, socket inode) of each LISTEN row of a /proc/net/tcp{,6} table.
-fn parse_listen_table(text: &str) -> Vec<(u16, u64)> {
+/// A local address of /proc/net/tcp{,6}: hex of the address in 32-bit words, each in host
+/// (little-endian) byte order.
+fn parse_proc_address(hex: &str) -> Option<IpAddr> {
+    let words: Vec<u32> = (0..hex.len() / 8)
+        .map(|i| u32::from_str_radix(hex.get(i * 8..i * 8 + 8)?, 16).ok())
+        .collect::<Option<_>>()?;
+    let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+    match bytes.len() {
+        4 => Some(IpAddr::V4(Ipv4Addr::from(<[u8; 4]>::try_from(bytes).ok()?))),
+        16 => Some(IpAddr::V6(Ipv6Addr::from(
+            <[u8; 16]>::try_from(bytes).ok()?,
+        ))),
+        _ => None,
+    }
+}
+
+/// (local address, local port, socket inode) of each LISTEN row of a /proc/net/tcp{,6} table.
+fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
     const LISTEN: &str = "0A";
     text.lines()
         .skip(1)
@@ -188,9 +235,10 @@ fn parse_listen_table(text: &str) -> Vec<(u16, u64)> {
             if cols.len() < 10 || cols[3] != LISTEN {
                 return None;
             }
-            let port = u16::from_str_radix(cols[1].rsplit(':').next()?, 16).ok()?;
+            let (address, port) = cols[1].split_once(':')?;
+            let port = u16::from_str_radix(port, 16).ok()?;
             let inode = cols[9].parse().ok()?;
-            Some((port, inode))
+            Some((parse_proc_address(address)?, port, inode))
         })
         .collect()
 }
@@ -231,8 +279,8 @@ pub fn tcp_ports_listened_by(pid: u32) -> BTreeSet<u16> {
         .iter()
         .filter_map(|table| fs::read_to_string(table).ok())
         .flat_map(|text| parse_listen_table(&text))
-        .filter(|(_, inode)| inodes.contains(inode))
-        .map(|(port, _)| port)
+        .filter(|(_, _, inode)| inodes.contains(inode))
+        .map(|(_, port, _)| port)
         .collect()
 }
 
@@ -245,7 +293,46 @@ mod tests {
         let table = "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
    0: 00000000:1F90 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 12345 1 0000000000000000 100 0 0 10 0\n\
    1: 0100007F:1F91 0100007F:D431 01 00000000:00000000 00:00000000 00000000     0        0 12346 1 0000000000000000 20 4 30 10 -1\n";
-        assert_eq!(parse_listen_table(table), vec![(8080, 12345)]);
+        assert_eq!(
+            parse_listen_table(table),
+            vec![("0.0.0.0".parse().unwrap(), 8080, 12345)]
+        );
+        let v6 = "  sl  local_address                         remote_address                        st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n\
+   0: 00000000000000000000000001000000:1F90 00000000000000000000000000000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 777 1 0000000000000000 100 0 0 10 0\n";
+        assert_eq!(
+            parse_listen_table(v6),
+            vec![("::1".parse().unwrap(), 8080, 777)]
+        );
+        assert_eq!(
+            parse_proc_address("0100007F"),
+            Some("127.0.0.1".parse().unwrap())
+        );
+    }
+
+    #[test]
+    fn binds_collide_on_the_same_address_or_a_covering_wildcard() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert!(binds_collide(ip("127.0.0.1"), ip("127.0.0.1")));
+        assert!(binds_collide(ip("0.0.0.0"), ip("127.0.0.1")));
+        assert!(binds_collide(ip("127.0.0.1"), ip("0.0.0.0")));
+        assert!(binds_collide(ip("::"), ip("127.0.0.1")));
+        assert!(binds_collide(ip("::1"), ip("::")));
+        assert!(!binds_collide(ip("127.0.0.1"), ip("127.0.0.2")));
+        assert!(!binds_collide(ip("127.0.0.1"), ip("::1")));
+        assert!(!binds_collide(ip("0.0.0.0"), ip("::1")));
+    }
+
+    #[test]
+    fn a_port_held_on_another_address_is_free_for_a_bound_listener() {
+        let other = std::net::TcpListener::bind("127.0.0.2:0").unwrap();
+        let port = other.local_addr().unwrap().port();
+        let found = listening_tcp_ports(&BTreeSet::from([port])).unwrap();
+        assert_eq!(found[0].address, "127.0.0.2".parse::<IpAddr>().unwrap());
+        assert!(!binds_collide(
+            "127.0.0.1".parse().unwrap(),
+            found[0].address
+        ));
+        assert!(binds_collide("0.0.0.0".parse().unwrap(), found[0].address));
     }
 
     #[test]

@@ -24,6 +24,22 @@ pub struct Expect {
     /// Every listener port the proxy declares (standalone: berth's listeners; xDS mode: the
     /// ports of the IR's listeners, which Envoy Gateway pushes).
     pub ports: Vec<u16>,
+    /// The address a port must be bound on, where it is not 0.0.0.0.
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub addresses: std::collections::BTreeMap<u16, std::net::IpAddr>,
+}
+
+impl Expect {
+    /// Whether `l` is the listener expected on `port`: that port, and the expected address
+    /// where Envoy reports one.
+    fn bound(&self, port: u16, l: &crate::admin::BoundListener) -> bool {
+        let want = self
+            .addresses
+            .get(&port)
+            .copied()
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+        l.port == port && l.address.is_none_or(|a| a == want)
+    }
 }
 
 /// The verdict of one probe.
@@ -119,7 +135,7 @@ pub async fn probe(admin: &dyn AdminApi, expect: &Expect) -> Readiness {
                         .ports
                         .iter()
                         .copied()
-                        .filter(|p| !bound.iter().any(|l| l.port == *p))
+                        .filter(|p| !bound.iter().any(|l| expect.bound(*p, l)))
                         .collect();
                     if missing.is_empty() {
                         Readiness::Ready
@@ -162,6 +178,7 @@ mod tests {
                 .map(|p| BoundListener {
                     name: format!("l{p}"),
                     port: *p,
+                    address: Some("0.0.0.0".parse().unwrap()),
                 })
                 .collect())
         }
@@ -182,7 +199,24 @@ mod tests {
     fn expect(ports: &[u16]) -> Expect {
         Expect {
             ports: ports.to_vec(),
+            addresses: Default::default(),
         }
+    }
+
+    #[tokio::test]
+    async fn a_port_bound_on_another_address_is_not_the_listener() {
+        let a = Scripted {
+            ready: Some(ReadyState::Live),
+            ports: vec![80],
+        };
+        let mut e = expect(&[80]);
+        e.addresses.insert(80, "127.0.0.1".parse().unwrap());
+        assert!(
+            !probe(&a, &e).await.is_ready(),
+            "bound on 0.0.0.0, expected on 127.0.0.1"
+        );
+        e.addresses.insert(80, "0.0.0.0".parse().unwrap());
+        assert!(probe(&a, &e).await.is_ready());
     }
 
     #[tokio::test]

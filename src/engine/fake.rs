@@ -562,6 +562,7 @@ impl AdminApi for FakeAdmin {
                 .map(|p| BoundListener {
                     name: format!("listener_{p}"),
                     port: *p,
+                    address: None,
                 })
                 .collect()
         })

@@ -52,6 +52,10 @@ pub struct ProxySpec {
     /// Mounts shared by all replicas (bootstrap generation, watched xDS directory, TLS files).
     pub mounts: Vec<Mount>,
     pub ports: Vec<u16>,
+    /// The address a port is bound on, where it is not 0.0.0.0 (left out of the hash when
+    /// empty, so specs from before listeners had addresses keep theirs).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub addresses: BTreeMap<u16, std::net::IpAddr>,
     /// Capabilities added after dropping ALL: NET_BIND_SERVICE when a port is below 1024.
     pub cap_add: Vec<String>,
     /// sha256 of the rendered bootstrap.
@@ -96,6 +100,7 @@ impl DesiredProxy {
     pub fn expect(&self) -> crate::readiness::Expect {
         crate::readiness::Expect {
             ports: self.spec.ports.clone(),
+            addresses: self.spec.addresses.clone(),
         }
     }
 }
@@ -396,6 +401,12 @@ pub fn desired_proxy(
             .map(|m| i64::try_from(m).unwrap_or(i64::MAX)),
         mounts,
         ports,
+        addresses: proxy
+            .host_binds()
+            .into_iter()
+            .filter(|(a, _)| *a != std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED))
+            .map(|(a, p)| (p, a))
+            .collect(),
         cap_add,
         bootstrap_sha256,
         labels: proxy.metadata.labels.clone(),
