@@ -71,6 +71,22 @@ impl Readiness {
         matches!(self, Readiness::Ready)
     }
 
+    /// The state Envoy's `/ready` answered during the probe ("LIVE", "DRAINING", …), or None
+    /// when its admin socket did not answer: a status row shows it without asking again.
+    pub fn envoy_state(&self) -> Option<String> {
+        match self {
+            Readiness::Ready
+            | Readiness::NotReady {
+                reason: NotReady::ListenersNotBound { .. },
+            } => Some(ReadyState::Live.to_string()),
+            Readiness::NotReady { reason } => match reason {
+                NotReady::Starting { state } => Some(state.clone()),
+                NotReady::Draining => Some(ReadyState::Draining.to_string()),
+                _ => None,
+            },
+        }
+    }
+
     /// Short, for tables: "ready", "starting", "not-serving", "draining", "-".
     pub fn short(&self) -> &'static str {
         match self {
@@ -227,6 +243,7 @@ mod tests {
         };
         assert_eq!(probe(&a, &expect(&[80, 443])).await, Readiness::Ready);
         assert_eq!(probe(&a, &expect(&[])).await, Readiness::Ready);
+        assert_eq!(Readiness::Ready.envoy_state().as_deref(), Some("LIVE"));
     }
 
     #[tokio::test]
@@ -260,12 +277,13 @@ mod tests {
             (None, "-"),
         ] {
             let a = Scripted {
-                ready: state,
+                ready: state.clone(),
                 ports: vec![80],
             };
             let r = probe(&a, &expect(&[80])).await;
             assert!(!r.is_ready());
             assert_eq!(r.short(), short);
+            assert_eq!(r.envoy_state(), state.map(|s| s.to_string()));
         }
     }
 }

@@ -261,9 +261,9 @@ impl DockerHost {
                     let subs = subscriptions
                         .get(proxy.as_str())
                         .map_or(&[][..], Vec::as_slice);
-                    let (readiness, envoy, connections, generation, xds) = tokio::join!(
+                    // The probe's own /ready answer is the ENVOY column: one /ready per row.
+                    let (readiness, connections, generation, xds) = tokio::join!(
                         readiness::probe(admin.as_ref(), &expect),
-                        admin.ready(),
                         admin.downstream_connections(),
                         delivery::observed_generation(admin.as_ref(), subs),
                         async {
@@ -274,13 +274,8 @@ impl DockerHost {
                             }
                         },
                     );
-                    (
-                        Some(readiness),
-                        envoy.map(|s| s.to_string()).unwrap_or_else(|_| "-".into()),
-                        connections.ok(),
-                        generation,
-                        xds,
-                    )
+                    let envoy = readiness.envoy_state().unwrap_or_else(|| "-".into());
+                    (Some(readiness), envoy, connections.ok(), generation, xds)
                 } else {
                     (None, "-".to_string(), None, None, None)
                 };
