@@ -413,3 +413,75 @@ async fn unreachable_engine_is_a_clear_error() {
         "{line}"
     );
 }
+
+/// A cached observation inspects only what the engine's events say changed, and sees
+/// `docker update` (memory, restart policy) as surely as a full one.
+#[tokio::test]
+async fn a_cached_observation_inspects_only_what_changed() {
+    let image = ensure_test_image();
+    let cleanup = Cleanup::new("cached");
+    let engine = DockerEngine::connect().await.unwrap();
+    if engine.flavor() == Flavor::Podman {
+        // Podman keeps its events elsewhere: observe_cached observes in full there.
+        return;
+    }
+    let fx = Fixture::new(free_port());
+    let proxy = unique("p");
+    let mut ids = Vec::new();
+    for slot in 0..3 {
+        let name = format!("berth-{}-{slot}", cleanup.case);
+        let replica = labelled(fx.replica(&proxy, slot, &name, image), &cleanup);
+        let id = engine.create(&replica).await.expect("create");
+        engine.start(&id).await.expect("start");
+        ids.push(id);
+    }
+    let filter = cleanup.label_filter();
+    let mut cache = berth::engine::ObservationCache::default();
+    let counted = |engine: &DockerEngine| engine.api_calls();
+
+    // First look: list, events, and an inspect of each container, like a full observe.
+    let before = counted(&engine);
+    let first = engine.observe_cached(&filter, &mut cache).await.unwrap();
+    assert_eq!(
+        counted(&engine) - before,
+        2 + 3,
+        "list + events + 3 inspects"
+    );
+    assert_eq!(first, engine.observe(&filter).await.unwrap());
+    assert!(cache.witness.is_some(), "the starts are its witness");
+
+    // Nothing changed: list and events only, the same answer.
+    let before = counted(&engine);
+    let again = engine.observe_cached(&filter, &mut cache).await.unwrap();
+    assert_eq!(counted(&engine) - before, 2, "list + events, no inspect");
+    assert_eq!(again, first);
+
+    // docker update on one replica: only it is inspected, and its new settings are seen.
+    let out = std::process::Command::new("docker")
+        .args(["update", "--memory", "300m", "--memory-swap", "600m"])
+        .args(["--restart", "no", &ids[1]])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let before = counted(&engine);
+    let updated = engine.observe_cached(&filter, &mut cache).await.unwrap();
+    assert_eq!(counted(&engine) - before, 3, "list + events + 1 inspect");
+    let one = updated.iter().find(|c| c.id == ids[1]).unwrap();
+    assert_eq!(one.live.memory, Some(300 * 1024 * 1024));
+    assert_eq!(one.live.restart_policy, "no");
+    assert_eq!(updated, engine.observe(&filter).await.unwrap());
+
+    // A witness the engine no longer holds (evicted, or the engine restarted): full again.
+    cache.witness = Some("1 gone start".to_string());
+    let before = counted(&engine);
+    let full = engine.observe_cached(&filter, &mut cache).await.unwrap();
+    assert_eq!(counted(&engine) - before, 2 + 3, "nothing vouched for");
+    assert_eq!(full, updated);
+
+    // A removed container leaves the answer and the cache.
+    engine.remove(&ids[0]).await.unwrap();
+    let after = engine.observe_cached(&filter, &mut cache).await.unwrap();
+    assert_eq!(after.len(), 2);
+    assert!(!cache.inspected.contains_key(&ids[0]));
+    engine.remove_matching(&filter).await.unwrap();
+}

@@ -351,11 +351,11 @@ async fn second_up_makes_no_container_changes() {
         .unwrap()
         .parse()
         .unwrap();
-    // Version negotiation, one list, one inspect per container.
-    assert!(
-        calls <= 2 + before.len() as u64,
-        "{calls} Docker API requests: {out}"
-    );
+    // Version negotiation, one list, one look at the engine's recent events: no inspect,
+    // since the engine reports no change to these containers since the first up (which left
+    // its observation in the state directory). Docker keeps its last 256 events; only that
+    // many events on the host within this test's 200 ms would make it inspect them all.
+    assert!(calls <= 3, "{calls} Docker API requests: {out}");
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@
 //! ([`EngineError::Refused`]), never Envoy's. The API version is negotiated down to what the
 //! daemon speaks (Debian's docker.io 20.10 answers 1.41).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -28,8 +28,8 @@ use futures_util::{StreamExt, TryStreamExt};
 
 use super::{
     ContainerEngine, ContainerEvent, ContainerInfo, ContainerStatus, EngineError, EngineResult,
-    Events, Exited, Hardening, LabelFilter, LiveSettings, Mount, Network, ObservedContainer,
-    OneShot, ReplicaContainer, RunState,
+    Events, Exited, Hardening, Inspected, LabelFilter, LiveSettings, Mount, Network,
+    ObservationCache, ObservedContainer, OneShot, ReplicaContainer, RunState,
 };
 
 /// bollard's per-request timeout; `stop` raises it for its own request.
@@ -257,6 +257,88 @@ impl DockerEngine {
         }
     }
 
+    /// The containers matching `filter` (the daemon filters; anything else is dropped).
+    async fn list_matching(
+        &self,
+        filter: &LabelFilter,
+    ) -> EngineResult<Vec<bollard::models::ContainerSummary>> {
+        let mut summaries = self.list(filter).await?;
+        summaries.retain(|s| {
+            filter.matches(&s.labels.clone().unwrap_or_default().into_iter().collect())
+        });
+        Ok(summaries)
+    }
+
+    /// Inspects `ids` concurrently. A container removed meanwhile is left out: it is gone,
+    /// not an error.
+    async fn inspect_all(&self, ids: &[String]) -> EngineResult<BTreeMap<String, Inspected>> {
+        let found = futures_util::stream::iter(ids.iter().cloned().map(|id| async move {
+            Ok(self
+                .inspect(&id)
+                .await?
+                .map(|i| (id, inspected_of(&i, self.flavor))))
+        }))
+        .buffer_unordered(INSPECT_CONCURRENCY)
+        .try_collect::<Vec<_>>()
+        .await?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// The engine's buffered container events matching `filter` from `witness` (inclusive) up
+    /// to now: the newest event's token, and the containers with an event after the witness.
+    /// `None` for the containers when the witness is absent or no longer buffered: nothing
+    /// can be vouched for.
+    async fn events_since(
+        &self,
+        filter: &LabelFilter,
+        witness: Option<&str>,
+    ) -> EngineResult<(Option<String>, Option<BTreeSet<String>>)> {
+        let labels = filter.engine_values();
+        let mut filters: HashMap<&str, Vec<&str>> = HashMap::new();
+        filters.insert("type", vec!["container"]);
+        filters.insert("label", labels.iter().map(String::as_str).collect());
+        let since = witness
+            .and_then(|w| w.split_once(' '))
+            .map_or("0".to_string(), |(nanos, _)| since_of(nanos));
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let until = format!("{}.{:09}", now.as_secs(), now.subsec_nanos());
+        let opts = EventsOptionsBuilder::default()
+            .since(&since)
+            .until(&until)
+            .filters(&filters)
+            .build();
+        let events: Vec<bollard::models::EventMessage> =
+            match self.docker.events(Some(opts)).try_collect().await {
+                Ok(events) => events,
+                Err(e) => return Err(self.refused("list recent events", e).await),
+            };
+        let tokens: Vec<(String, String)> = events
+            .iter()
+            .map(|e| {
+                let id = e
+                    .actor
+                    .as_ref()
+                    .and_then(|a| a.id.clone())
+                    .unwrap_or_default();
+                let token = format!(
+                    "{} {} {}",
+                    e.time_nano.unwrap_or_default(),
+                    id,
+                    e.action.as_deref().unwrap_or_default()
+                );
+                (token, id)
+            })
+            .collect();
+        let newest = tokens.last().map(|(t, _)| t.clone());
+        let changed = witness.and_then(|w| {
+            let at = tokens.iter().position(|(t, _)| t == w)?;
+            Some(tokens[at + 1..].iter().map(|(_, id)| id.clone()).collect())
+        });
+        Ok((newest, changed))
+    }
+
     async fn list(
         &self,
         filter: &LabelFilter,
@@ -344,24 +426,66 @@ impl ContainerEngine for DockerEngine {
     /// One list call filtered by label, then one inspect per container (concurrently) for
     /// what list cannot tell: memory, CPUs, restart policy, PID and start time.
     async fn observe(&self, filter: &LabelFilter) -> EngineResult<Vec<ObservedContainer>> {
-        let mut summaries = self.list(filter).await?;
-        // The daemon filtered already; never hand the caller anything else.
-        summaries.retain(|s| {
-            filter.matches(&s.labels.clone().unwrap_or_default().into_iter().collect())
-        });
-        let inspects = futures_util::stream::iter(summaries.into_iter().map(|s| async move {
-            let id = s.id.clone().unwrap_or_default();
-            // Removed between list and inspect: it is gone, not an error.
-            Ok(self
-                .inspect(&id)
-                .await?
-                .map(|inspect| observed_from(s, &inspect, self.flavor)))
-        }))
-        .buffer_unordered(INSPECT_CONCURRENCY)
-        .try_collect::<Vec<_>>()
-        .await?;
-        let mut out: Vec<ObservedContainer> = inspects.into_iter().flatten().collect();
-        out.sort_by(|a, b| a.name.cmp(&b.name));
+        let summaries = self.list_matching(filter).await?;
+        let ids: Vec<String> = summaries.iter().filter_map(|s| s.id.clone()).collect();
+        let mut inspected = self.inspect_all(&ids).await?;
+        Ok(assemble(
+            summaries,
+            &mut inspected,
+            &BTreeMap::new(),
+            self.flavor,
+        ))
+    }
+
+    /// One list, one look at the engine's recent events matching `filter` (Docker keeps the
+    /// last 256 in memory), and an inspect of only the containers the cache cannot vouch for:
+    /// those it has never seen, and those with any event since its witness, the newest event
+    /// it had seen. The cache vouches for nothing when that witness is no longer among the
+    /// engine's events (evicted by newer ones, or the engine restarted and forgot them): then
+    /// every container is inspected, as [`ContainerEngine::observe`] does. `docker update`
+    /// (memory, CPUs, restart policy) is a container event, so it is always seen.
+    ///
+    /// Podman keeps its events elsewhere, and a remote engine's clock is not this host's
+    /// (the events are asked for up to "now"): both are observed in full.
+    async fn observe_cached(
+        &self,
+        filter: &LabelFilter,
+        cache: &mut ObservationCache,
+    ) -> EngineResult<Vec<ObservedContainer>> {
+        let values = filter.engine_values();
+        if self.flavor != Flavor::Docker || !self.endpoint.starts_with("unix://") {
+            *cache = ObservationCache::default();
+            return self.observe(filter).await;
+        }
+        if cache.filter != values {
+            *cache = ObservationCache {
+                filter: values,
+                ..Default::default()
+            };
+        }
+        let summaries = self.list_matching(filter).await?;
+        let (witness, changed) = self.events_since(filter, cache.witness.as_deref()).await?;
+        let trusted: BTreeMap<String, Inspected> = match &changed {
+            Some(changed) => std::mem::take(&mut cache.inspected)
+                .into_iter()
+                .filter(|(id, _)| !changed.contains(id))
+                .collect(),
+            None => BTreeMap::new(),
+        };
+        let stale: Vec<String> = summaries
+            .iter()
+            .filter_map(|s| s.id.clone())
+            .filter(|id| !trusted.contains_key(id))
+            .collect();
+        let mut inspected = self.inspect_all(&stale).await?;
+        let out = assemble(summaries, &mut inspected, &trusted, self.flavor);
+        cache.witness = witness;
+        cache.inspected = inspected;
+        cache.inspected.extend(
+            trusted
+                .into_iter()
+                .filter(|(id, _)| out.iter().any(|c| &c.id == id)),
+        );
         Ok(out)
     }
 
@@ -660,26 +784,8 @@ fn bind_mount(m: &Mount) -> DockerMount {
     }
 }
 
-fn observed_from(
-    summary: bollard::models::ContainerSummary,
-    inspect: &ContainerInspectResponse,
-    flavor: Flavor,
-) -> ObservedContainer {
-    let name = summary
-        .names
-        .as_ref()
-        .and_then(|n| n.first().cloned())
-        .or_else(|| inspect.name.clone())
-        .unwrap_or_default();
-    let name = name.strip_prefix('/').unwrap_or(&name).to_string();
-    // Inspect is newer than list: prefer its state.
-    let state = inspect
-        .state
-        .as_ref()
-        .and_then(|s| s.status)
-        .map(run_state_of)
-        .or(summary.state.map(summary_state_of))
-        .unwrap_or(RunState::Dead);
+/// What only inspect tells about a container.
+fn inspected_of(inspect: &ContainerInspectResponse, flavor: Flavor) -> Inspected {
     let hc = inspect.host_config.as_ref();
     let restart_policy = hc
         .and_then(|h| h.restart_policy.as_ref())
@@ -692,17 +798,54 @@ fn observed_from(
             other => other.to_string(),
         })
         .unwrap_or_else(|| "no".into());
-    ObservedContainer {
-        id: summary.id.unwrap_or_default(),
-        name,
-        labels: summary.labels.unwrap_or_default().into_iter().collect(),
-        state,
+    let state = inspect.state.as_ref();
+    Inspected {
         live: LiveSettings {
             // Docker reports 0 for "no limit".
             nano_cpus: hc.and_then(|h| h.nano_cpus).filter(|v| *v > 0),
             memory: hc.and_then(|h| h.memory).filter(|v| *v > 0),
             restart_policy,
         },
+        state: state.and_then(|s| s.status).map(run_state_of),
+        pid: state
+            .and_then(|s| s.pid)
+            .filter(|p| *p > 0)
+            .map(|p| p as u32),
+        started_at: state
+            .filter(|s| s.running == Some(true))
+            .and_then(|s| s.started_at.clone()),
+    }
+}
+
+/// A listed container with what inspect said of it. `fresh`: the inspect was made for this
+/// observation (its state is newer than the list's); otherwise it comes from the cache and
+/// the list's state is the newer one.
+fn observed_from(
+    summary: bollard::models::ContainerSummary,
+    inspected: Inspected,
+    fresh: bool,
+    flavor: Flavor,
+) -> ObservedContainer {
+    let name = summary
+        .names
+        .as_ref()
+        .and_then(|n| n.first().cloned())
+        .unwrap_or_default();
+    let name = name.strip_prefix('/').unwrap_or(&name).to_string();
+    let listed = summary.state.map(summary_state_of);
+    let state = if fresh {
+        inspected.state.or(listed)
+    } else {
+        listed.or(inspected.state)
+    }
+    .unwrap_or(RunState::Dead);
+    let running = state == RunState::Running;
+    ObservedContainer {
+        id: summary.id.unwrap_or_default(),
+        name,
+        labels: summary.labels.unwrap_or_default().into_iter().collect(),
+        state,
+        live: inspected.live,
         info: ContainerInfo {
             image: summary
                 .image
@@ -713,19 +856,39 @@ fn observed_from(
                 })
                 .unwrap_or_default()
                 .to_string(),
-            pid: inspect
-                .state
-                .as_ref()
-                .and_then(|s| s.pid)
-                .filter(|p| *p > 0)
-                .map(|p| p as u32),
-            started_at: inspect
-                .state
-                .as_ref()
-                .filter(|s| s.running == Some(true))
-                .and_then(|s| s.started_at.clone()),
+            pid: inspected.pid.filter(|_| running),
+            started_at: inspected.started_at.filter(|_| running),
         },
     }
+}
+
+/// Observed containers from the list, each with a fresh inspect (moved out of `fresh`) or
+/// else a trusted one; a container neither knows was removed meanwhile and is left out.
+fn assemble(
+    summaries: Vec<bollard::models::ContainerSummary>,
+    fresh: &mut BTreeMap<String, Inspected>,
+    trusted: &BTreeMap<String, Inspected>,
+    flavor: Flavor,
+) -> Vec<ObservedContainer> {
+    let mut out: Vec<ObservedContainer> = summaries
+        .into_iter()
+        .filter_map(|s| {
+            let id = s.id.clone().unwrap_or_default();
+            match (fresh.get(&id), trusted.get(&id)) {
+                (Some(i), _) => Some(observed_from(s, i.clone(), true, flavor)),
+                (None, Some(i)) => Some(observed_from(s, i.clone(), false, flavor)),
+                (None, None) => None,
+            }
+        })
+        .collect();
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}
+
+/// Docker's `since` for an event's `timeNano`: seconds and nanoseconds.
+fn since_of(nanos: &str) -> String {
+    let n: u128 = nanos.parse().unwrap_or(0);
+    format!("{}.{:09}", n / 1_000_000_000, n % 1_000_000_000)
 }
 
 /// Docker's container state as berth's. `stopping` (newer engines) is still running; an empty

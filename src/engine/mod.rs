@@ -65,6 +65,29 @@ pub struct Hardening {
     pub no_new_privileges: bool,
 }
 
+/// What inspect tells of a container beyond the list: kept in an [`ObservationCache`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Inspected {
+    pub live: LiveSettings,
+    /// The state inspect saw (newer than the list's when the inspect is).
+    pub state: Option<RunState>,
+    pub pid: Option<u32>,
+    pub started_at: Option<String>,
+}
+
+/// What earlier observations learned by inspecting containers, so that a later one inspects
+/// only the containers the engine reports a change for ([`ContainerEngine::observe_cached`]).
+/// Callers only keep it between observations; its contents are the engine's business.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ObservationCache {
+    /// The label filter it answers (engine values); another filter starts afresh.
+    pub filter: Vec<String>,
+    /// The newest engine event matching the filter when the entries were last checked.
+    pub witness: Option<String>,
+    /// Per container id.
+    pub inspected: BTreeMap<String, Inspected>,
+}
+
 /// Restart policy names as the Engine API spells them.
 pub const RESTART_UNLESS_STOPPED: &str = "unless-stopped";
 pub const RESTART_NO: &str = "no";
@@ -319,6 +342,18 @@ pub trait ContainerEngine: Send + Sync {
 
     /// Every container (any state) whose labels match, with its live settings.
     async fn observe(&self, filter: &LabelFilter) -> EngineResult<Vec<ObservedContainer>>;
+
+    /// [`ContainerEngine::observe`], reusing from `cache` what it knows of containers the
+    /// engine reports no change for, and updating it. An engine that cannot tell observes
+    /// everything (this default).
+    async fn observe_cached(
+        &self,
+        filter: &LabelFilter,
+        cache: &mut ObservationCache,
+    ) -> EngineResult<Vec<ObservedContainer>> {
+        *cache = ObservationCache::default();
+        self.observe(filter).await
+    }
 
     /// One container's process state, or None when it does not exist.
     async fn status(&self, id: &str) -> EngineResult<Option<ContainerStatus>>;

@@ -1,7 +1,8 @@
 //! The single Docker host: berth rolls each proxy's replicas itself, as containers on one
 //! engine (DESIGN decisions 1–9), through the [`ContainerEngine`] seam.
 //!
-//! One converge: observe the proxy's containers (one list by label, one inspect each), probe
+//! One converge: observe the proxy's containers (one list by label; a command inspects only
+//! those the engine's recent events say changed since its last look, serve inspects each), probe
 //! the running ones ([`crate::readiness`]), plan ([`crate::plan::plan_with`]: every decision is
 //! the planner's), make the image present and validate a spec no replica has proven, write
 //! the bootstrap generation, deliver the watched files live ([`crate::delivery`]), then execute
@@ -83,7 +84,7 @@ impl DockerHost {
     }
 
     /// Lets one command reuse an observation for up to `d` while it changes nothing, so a
-    /// no-op `up` asks the engine once (one list, one inspect per container) however many
+    /// no-op `up` asks the engine once (one list, one look at recent events) however many
     /// steps look. serve does not: every pass sees the engine as it is.
     pub fn reusing_observations(mut self, d: Duration) -> DockerHost {
         self.reuse_for = d;

@@ -8,12 +8,15 @@ use std::time::Duration;
 use super::DockerHost;
 use crate::admin::AdminApi;
 use crate::delivery;
-use crate::engine::{LabelFilter, ObservedContainer, RunState};
+use crate::engine::{LabelFilter, ObservationCache, ObservedContainer, RunState};
 use crate::infrastructure::{ConvergeError, ProxyReadiness};
 use crate::plan::ProxyFacts;
 use crate::readiness::{self, Expect, NotReady, Readiness};
 use crate::replica::{self, DesiredProxy, LABEL_NAME};
 use crate::status::ReplicaStatus;
+
+/// Where a command keeps its [`ObservationCache`], in the state directory.
+pub const OBSERVATION_CACHE_FILE: &str = "observed.json";
 
 /// What a converge learns before planning.
 pub(super) struct Observation {
@@ -50,12 +53,34 @@ impl DockerHost {
                 }
             }
         }
-        let mut found = self.engine.observe(&self.mine()).await?;
+        let mut found = self.observe_mine().await?;
         found.retain(|c| c.is_managed());
         let found = Arc::new(found);
         if !self.reuse_for.is_zero() {
             *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some((tokio::time::Instant::now(), found.clone()));
+        }
+        Ok(found)
+    }
+
+    /// This berth's containers. A command keeps what it learned by inspecting them in the
+    /// state directory ([`OBSERVATION_CACHE_FILE`]), so the next command inspects only those
+    /// the engine reports a change for (see [`crate::engine::ContainerEngine::observe_cached`]).
+    /// The cache is only an economy: unreadable, it is rebuilt; unwritable, it is skipped.
+    async fn observe_mine(&self) -> Result<Vec<ObservedContainer>, ConvergeError> {
+        let path = self.state.root().join(OBSERVATION_CACHE_FILE);
+        let before = std::fs::read(&path).unwrap_or_default();
+        let mut cache: ObservationCache = serde_json::from_slice(&before).unwrap_or_default();
+        let found = self.engine.observe_cached(&self.mine(), &mut cache).await?;
+        match serde_json::to_vec(&cache) {
+            Ok(after) if after != before && self.state.root().is_dir() => {
+                // Not synced: a torn file after a crash does not parse, and is rebuilt.
+                let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+                if std::fs::write(&tmp, &after).is_err() || std::fs::rename(&tmp, &path).is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+            }
+            _ => {}
         }
         Ok(found)
     }
