@@ -20,12 +20,12 @@
 //! new generation, the replica refused them.
 //!
 //! **Make before break.** Replicas reload each subscription on its own, so renaming a new
-//! `rds.yaml` and `cds.yaml` one after the other (or swapping them together) can leave a route
+//! route file and `cds.yaml` one after the other (or swapping them together) can leave a route
 //! naming a cluster a replica does not have yet, for a moment: requests get a 503. [`update`]
 //! therefore goes in stages, each confirmed by every replica before the next: new and changed
-//! secrets and other files; clusters as the union of old and new; route configurations as the
-//! union of old and new; the new listeners; the new route configurations; the new clusters;
-//! then the files no longer wanted go. At every moment each replica's listeners name route
+//! secrets and other files; clusters as the union of old and new; the new and changed route
+//! configurations (one file each: `rds-<listener>.yaml`); the new listeners; the route
+//! configurations no longer named; the new clusters; then the other files no longer wanted go. At every moment each replica's listeners name route
 //! configurations it has, and its routes name clusters it has. Intermediate files are stamped
 //! `<generation>.<stage>`.
 
@@ -39,7 +39,7 @@ use serde::Serialize;
 use tokio::time::Instant;
 
 use crate::admin::AdminApi;
-use crate::layout::{CDS_FILE, LDS_FILE, RDS_FILE};
+use crate::layout::{is_rds_file, CDS_FILE, LDS_FILE};
 use crate::state::{write_atomic, StateDir};
 
 /// How long replicas get to confirm a change unless told otherwise.
@@ -202,7 +202,7 @@ pub struct Stage {
 /// listener names a route configuration, or a route a cluster, that the replica lacks (see the
 /// module docs). Stages that change nothing are left out.
 pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) -> Vec<Stage> {
-    let xds = |n: &str| n == LDS_FILE || n == CDS_FILE || n == RDS_FILE;
+    let xds = |n: &str| n == LDS_FILE || n == CDS_FILE || is_rds_file(n);
     let version = to
         .get(LDS_FILE)
         .or_else(|| to.values().next())
@@ -254,9 +254,15 @@ pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) ->
         BTreeMap::from([(file.to_string(), text)])
     };
     let cds_union = union_of(CDS_FILE, 1);
-    let rds_union = union_of(RDS_FILE, 2);
     step("clusters (old and new)", cds_union, Vec::new());
-    step("route configurations (old and new)", rds_union, Vec::new());
+    // One route configuration per file: the new and changed ones go before the listeners that
+    // name them, the unused ones after the listeners that named them.
+    let routes: BTreeMap<String, String> = to
+        .iter()
+        .filter(|(n, _)| is_rds_file(n))
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    step("route configurations (old and new)", routes, Vec::new());
     let only = |file: &str| -> BTreeMap<String, String> {
         to.get(file)
             .map(|c| BTreeMap::from([(file.to_string(), c.clone())]))
@@ -270,7 +276,12 @@ pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) ->
         }
     };
     step("listeners", only(LDS_FILE), gone(LDS_FILE));
-    step("route configurations", only(RDS_FILE), gone(RDS_FILE));
+    let unused_routes: Vec<String> = from
+        .keys()
+        .filter(|n| is_rds_file(n) && !to.contains_key(*n))
+        .cloned()
+        .collect();
+    step("route configurations", BTreeMap::new(), unused_routes);
     step("clusters", only(CDS_FILE), gone(CDS_FILE));
     let unwanted: Vec<String> = from
         .keys()
@@ -554,9 +565,7 @@ fn subscription_files(files: &BTreeMap<String, String>) -> Vec<(String, String)>
     }
     if let Some(lds) = files.get(LDS_FILE) {
         if let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(lds) {
-            let mut rds = Vec::new();
-            collect_rds(&doc, &mut rds);
-            subs.extend(rds.into_iter().map(|s| (s, RDS_FILE.to_string())));
+            collect_rds(&doc, &mut subs);
             collect_sds(&doc, files, &mut subs);
         }
     }
@@ -595,17 +604,25 @@ fn collect_sds(
     }
 }
 
-/// Finds every `{stat_prefix, rds: {route_config_name}}` mapping in a document.
-fn collect_rds(v: &serde_yaml::Value, out: &mut Vec<String>) {
+/// Finds every `{stat_prefix, rds: {route_config_name, config_source}}` mapping in a document:
+/// the subscription and the file it reads.
+fn collect_rds(v: &serde_yaml::Value, out: &mut Vec<(String, String)>) {
     match v {
         serde_yaml::Value::Mapping(m) => {
             let prefix = m.get("stat_prefix").and_then(|p| p.as_str());
-            let route = m
-                .get("rds")
+            let rds = m.get("rds");
+            let route = rds
                 .and_then(|r| r.get("route_config_name"))
                 .and_then(|n| n.as_str());
+            let file = rds
+                .and_then(|r| r.get("config_source"))
+                .and_then(|c| c.get("path_config_source"))
+                .and_then(|p| p.get("path"))
+                .and_then(|p| p.as_str())
+                .map(|p| p.rsplit('/').next().unwrap_or(p).to_string());
             if let (Some(prefix), Some(route)) = (prefix, route) {
-                out.push(format!("http.{prefix}.rds.{route}"));
+                let file = file.unwrap_or_else(|| crate::layout::rds_file(route));
+                out.push((format!("http.{prefix}.rds.{route}"), file));
             }
             for v in m.values() {
                 collect_rds(v, out);
@@ -815,6 +832,8 @@ async fn confirm(
 mod tests {
     use super::*;
 
+    const RDS_FILE: &str = "rds-web.yaml";
+
     fn files() -> BTreeMap<String, String> {
         BTreeMap::from([
             (
@@ -890,6 +909,36 @@ mod tests {
         assert_eq!(disk, to);
         // No change, no stage; only additions: one stage per file, final content at once.
         assert!(super::stages(&to, &to).is_empty());
+    }
+
+    /// Each route configuration has its own file: a new listener's file comes before the
+    /// listeners, a removed listener's file (and the older single `rds.yaml`) after them.
+    #[test]
+    fn route_files_come_before_their_listeners_and_go_after_them() {
+        let from = BTreeMap::from([
+            (LDS_FILE.to_string(), "resources: [web]\n".to_string()),
+            (
+                "rds.yaml".to_string(),
+                "resources: [web, api]\n".to_string(),
+            ),
+        ]);
+        let to = BTreeMap::from([
+            (LDS_FILE.to_string(), "resources: [web, api]\n".to_string()),
+            ("rds-web.yaml".to_string(), "resources: [web]\n".to_string()),
+            ("rds-api.yaml".to_string(), "resources: [api]\n".to_string()),
+        ]);
+        let stages = stages(&from, &to);
+        let what: Vec<&str> = stages.iter().map(|s| s.what).collect();
+        assert_eq!(
+            what,
+            [
+                "route configurations (old and new)",
+                "listeners",
+                "route configurations"
+            ]
+        );
+        assert_eq!(stages[0].write.len(), 2);
+        assert_eq!(stages[2].remove, ["rds.yaml"]);
     }
 
     #[test]

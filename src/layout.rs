@@ -4,7 +4,7 @@
 //! <state_dir>/                                   0700
 //!   proxies/<proxy>/
 //!     generations/<bootstrap-sha>/bootstrap.yaml  one per bootstrap content, never rewritten
-//!     xds/{lds,rds,cds}.yaml                     watched by Envoy, mounted read-only
+//!     xds/{lds,cds,rds-<listener>}.yaml          watched by Envoy, mounted read-only
 //!     tls/<listener or xds>/{cert,key,ca}.pem     copies of the TLS files, mounted read-only
 //!     specs/<spec-hash>.json                     recorded specs, for rollback
 //!     run/<container-name>/admin.sock            each replica's admin socket directory
@@ -28,9 +28,43 @@ pub const CONTAINER_TLS_DIR: &str = "/etc/berth/tls";
 pub const BOOTSTRAP_FILE: &str = "bootstrap.yaml";
 pub const LDS_FILE: &str = "lds.yaml";
 pub const CDS_FILE: &str = "cds.yaml";
-/// Routes live in their own file (RDS) so a route change never drains a listener.
+/// The single route file of state directories written before route files were per listener;
+/// removed by the next delivery.
 pub const RDS_FILE: &str = "rds.yaml";
 pub const ADMIN_SOCKET_FILE: &str = "admin.sock";
+
+/// Routes live in their own files (RDS) so a route change never drains a listener: one file
+/// per route configuration (HTTP listener), because Envoy's file-based RDS subscription takes
+/// exactly one resource ("Unexpected RDS resource length: 2" otherwise). Names that are not
+/// plain get a digest, so two route configurations never share a file.
+pub fn rds_file(route_config: &str) -> String {
+    let plain = !route_config.is_empty()
+        && route_config
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if plain {
+        return format!("rds-{route_config}.yaml");
+    }
+    use sha2::Digest;
+    let safe: String = route_config
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .take(40)
+        .collect();
+    let digest = hex::encode(sha2::Sha256::digest(route_config.as_bytes()));
+    format!("rds-{safe}-{}.yaml", &digest[..8])
+}
+
+/// A route file: [`rds_file`]'s, or the older single [`RDS_FILE`].
+pub fn is_rds_file(name: &str) -> bool {
+    name == RDS_FILE || (name.starts_with("rds-") && name.ends_with(".yaml"))
+}
 /// The longest Unix socket path berth can connect to (`sun_path` is 108 bytes with the NUL).
 pub const MAX_SOCKET_PATH: usize = 107;
 

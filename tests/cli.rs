@@ -188,7 +188,7 @@ fn render_prints_bootstrap_and_resources() {
         assert!(o.contains("admin:"), "{}", example.display());
         let standalone = !o.contains("ads_config");
         if standalone {
-            for file in ["lds.yaml", "rds.yaml", "cds.yaml"] {
+            for file in ["lds.yaml", "rds-", "cds.yaml"] {
                 assert!(o.contains(file), "{}: no {file}", example.display());
             }
         }
@@ -210,9 +210,15 @@ fn render_prints_bootstrap_and_resources() {
             let bootstrap = files["bootstrap.yaml"].as_str().unwrap_or_default();
             assert!(bootstrap.contains("admin:"), "{name}: {bootstrap}");
             if standalone {
-                for file in ["lds.yaml", "rds.yaml", "cds.yaml"] {
+                for file in ["lds.yaml", "cds.yaml"] {
                     assert!(files[file].is_string(), "{name}: no {file}");
                 }
+                let routes = files
+                    .as_object()
+                    .unwrap()
+                    .keys()
+                    .any(|f| f.starts_with("rds-"));
+                assert!(routes, "{name}: no rds-<listener>.yaml");
             }
         }
     }

@@ -1,6 +1,6 @@
 //! Golden-file tests for `render`: every directory under `tests/golden/` (except `certs`) holds
 //! an `ir.json` (one serialized `ir::ProxyInfra`) and the files berth must render from it:
-//! `bootstrap.yaml`, the watched-directory files (`lds.yaml`, `rds.yaml`, `cds.yaml` in
+//! `bootstrap.yaml`, the watched-directory files (`lds.yaml`, `rds-<listener>.yaml`, `cds.yaml` in
 //! standalone mode, the SDS secrets in xds mode) and `validation-bootstrap.yaml` (what
 //! `render::validation_bootstrap` makes of them).
 //!

@@ -94,7 +94,7 @@ fn route_change_is_live_with_no_failed_request() {
     assert_eq!(case.containers(), before, "no container was replaced");
     let p = serve.proxy(&case.name);
     assert_eq!(p["lastRollout"]["kind"], "live", "{p:#}");
-    assert!(case.xds("rds.yaml").contains("after"));
+    assert!(case.xds("rds-web.yaml").contains("after"));
 }
 
 #[test]
@@ -237,7 +237,7 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
     assert_eq!(p["lastRollout"]["outcome"], "failed", "{p:#}");
     // The previous files are back on disk, and the replica that had taken the new ones is on
     // the previous generation again.
-    let rds = case.xds("rds.yaml");
+    let rds = case.xds("rds-web.yaml");
     assert!(rds.contains("old") && !rds.contains("new"), "{rds}");
     assert!(
         rds.starts_with(&format!("version_info: \"{gen}\"")),

@@ -156,7 +156,7 @@ dynamic_resources:
           route_config_name: {route}
           config_source:
             path_config_source:
-              path: /etc/berth/xds/rds.yaml
+              path: /etc/berth/xds/rds-{route}.yaml
               watched_directory:
                 path: /etc/berth/xds
 "#

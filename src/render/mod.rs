@@ -37,7 +37,8 @@ pub struct Rendered {
     /// The Envoy bootstrap ([`layout::CONTAINER_BOOTSTRAP`]), identical for every replica.
     pub bootstrap: String,
     /// Files for the watched directory ([`layout::CONTAINER_XDS_DIR`]), by file name:
-    /// `lds.yaml`, `rds.yaml`, `cds.yaml` in standalone mode; the SDS secrets
+    /// `lds.yaml`, `cds.yaml` and one `rds-<listener>.yaml` per HTTP listener in standalone
+    /// mode; the SDS secrets
     /// ([`SDS_XDS_CERTIFICATE_FILE`], [`SDS_XDS_TRUSTED_CA_FILE`]) in xds mode.
     pub xds: BTreeMap<String, String>,
 }
@@ -169,11 +170,7 @@ impl Renderer {
                 .with_context(|| format!("proxy {:?}", proxy.name))?;
         }
         let files: &[(&str, &str)] = match proxy.routing {
-            ir::Routing::Standalone(_) => &[
-                (layout::LDS_FILE, LDS),
-                (layout::RDS_FILE, RDS),
-                (layout::CDS_FILE, CDS),
-            ],
+            ir::Routing::Standalone(_) => &[(layout::LDS_FILE, LDS), (layout::CDS_FILE, CDS)],
             ir::Routing::Xds(_) => &[
                 (SDS_XDS_CERTIFICATE_FILE, SDS_CERT),
                 (SDS_XDS_TRUSTED_CA_FILE, SDS_CA),
@@ -182,6 +179,11 @@ impl Renderer {
         let mut xds = BTreeMap::new();
         for (file, template) in files {
             xds.insert(file.to_string(), self.render_one(template, &ctx)?);
+        }
+        // One file per route configuration (see `layout::rds_file`).
+        for rc in &view.route_configs {
+            ctx.insert("route_configs", std::slice::from_ref(rc));
+            xds.insert(layout::rds_file(&rc.name), self.render_one(RDS, &ctx)?);
         }
         for secret in &view.secrets {
             ctx.insert("secret", &secret.tls);
@@ -494,15 +496,19 @@ mod tests {
                     .render(&fixture(&make))
                     .unwrap_or_else(|e| panic!("render with {h:?}: {e:#}"));
                 let hostile_files = files(&rendered);
-                // Listener secret files are named by a digest of an unusual listener name.
+                // Listener secret and route files are named after the listener (by a digest
+                // of an unusual name).
                 let names = |f: &BTreeMap<String, serde_yaml::Value>| -> Vec<String> {
                     f.keys()
-                        .map(
-                            |k| match k.starts_with("sds-") && !k.starts_with("sds-xds") {
-                                true => "sds-<listener>".to_string(),
-                                false => k.clone(),
-                            },
-                        )
+                        .map(|k| {
+                            if k.starts_with("sds-") && !k.starts_with("sds-xds") {
+                                "sds-<listener>".to_string()
+                            } else if k.starts_with("rds-") {
+                                "rds-<listener>".to_string()
+                            } else {
+                                k.clone()
+                            }
+                        })
                         .collect()
                 };
                 assert_eq!(names(&benign), names(&hostile_files));

@@ -3,7 +3,7 @@
 //! Validate mode checks the bootstrap but not the resources Envoy would later load from the
 //! watched directory. [`validation_bootstrap`] therefore inlines them: the listeners of
 //! `lds.yaml` and clusters of `cds.yaml` become `static_resources`, each listener's RDS
-//! reference is replaced by its route configuration from `rds.yaml`, and the file-based
+//! reference is replaced by its route configuration from its `rds-<listener>.yaml`, and the file-based
 //! `lds_config`/`cds_config` are dropped. Validating the result checks every resource with
 //! the real Envoy. Validate mode only checks that SDS secret files exist and never reads them
 //! (nor static secrets), so each file-based SDS reference (`tls_certificate_sds_secret_configs`,
@@ -23,10 +23,12 @@ pub fn validation_bootstrap(rendered: &Rendered) -> Result<String> {
     if !boot.is_object() {
         bail!("the rendered bootstrap is not a YAML mapping");
     }
-    let routes = match rendered.xds.get(layout::RDS_FILE) {
-        Some(text) => resources(layout::RDS_FILE, text)?,
-        None => vec![],
-    };
+    let mut routes = vec![];
+    for (file, text) in &rendered.xds {
+        if layout::is_rds_file(file) {
+            routes.extend(resources(file, text)?);
+        }
+    }
     let mut listeners = match rendered.xds.get(layout::LDS_FILE) {
         Some(text) => resources(layout::LDS_FILE, text)?,
         None => vec![],
@@ -127,7 +129,7 @@ fn inline_rds(v: &mut Value, routes: &[Value]) -> Result<()> {
                     .ok_or_else(|| {
                         anyhow!(
                             "route configuration {name:?} is not in {}",
-                            layout::RDS_FILE
+                            layout::rds_file(&name)
                         )
                     })?;
                 m.remove("rds");

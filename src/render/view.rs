@@ -51,7 +51,6 @@ pub struct Paths {
     pub admin_socket_mode: u32,
     pub xds_dir: &'static str,
     pub lds: String,
-    pub rds: String,
     pub cds: String,
     pub sds_xds_certificate: String,
     pub sds_xds_trusted_ca: String,
@@ -98,8 +97,10 @@ pub struct ListenerView {
     pub websocket: bool,
     /// "text", "json", or None for no access log.
     pub access_log: Option<&'static str>,
-    /// HTTP: the RDS route configuration name.
+    /// HTTP: the RDS route configuration name…
     pub route_config: Option<String>,
+    /// …and the watched file that holds it ([`layout::rds_file`]).
+    pub rds_path: Option<String>,
     /// TCP: the cluster to proxy to.
     pub cluster: Option<String>,
 }
@@ -299,7 +300,6 @@ pub fn build(proxy: &ir::ProxyInfra, versions: &BTreeMap<String, String>) -> Res
             admin_socket_mode: 0o600,
             xds_dir,
             lds: in_xds(layout::LDS_FILE),
-            rds: in_xds(layout::RDS_FILE),
             cds: in_xds(layout::CDS_FILE),
             sds_xds_certificate: in_xds(SDS_XDS_CERTIFICATE_FILE),
             sds_xds_trusted_ca: in_xds(SDS_XDS_TRUSTED_CA_FILE),
@@ -448,10 +448,18 @@ fn standalone(
                 websocket: r.websocket,
                 access_log,
                 route_config: None,
+                rds_path: None,
                 cluster: None,
             };
             match &r.traffic {
-                Traffic::Http { .. } => view.route_config = Some(l.name.clone()),
+                Traffic::Http { .. } => {
+                    view.route_config = Some(l.name.clone());
+                    view.rds_path = Some(format!(
+                        "{}/{}",
+                        layout::CONTAINER_XDS_DIR,
+                        layout::rds_file(&l.name)
+                    ));
+                }
                 Traffic::Tcp { backend: b } => {
                     view.kind = "tcp";
                     view.cluster = Some(backend(b, &format!("TCP listener {:?}", l.name))?);
