@@ -325,6 +325,10 @@ pub struct ListenerRouting {
     pub websocket: bool,
     #[serde(default)]
     pub access_log: AccessLog,
+    /// The certificate is obtained from an ACME server instead of named files; `tls` then
+    /// names berth's own copies in the state directory (see `crate::acme`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<Acme>,
 }
 
 impl ListenerRouting {
@@ -376,6 +380,26 @@ pub enum AccessLog {
     Text,
     /// One JSON object per line.
     Json,
+}
+
+/// A listener certificate berth obtains and renews over ACME (RFC 8555), answering HTTP-01
+/// challenges through a plain-HTTP listener of the same proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Acme {
+    /// DNS names the certificate covers; the first is its subject.
+    pub domains: Vec<String>,
+    /// Contact for the account (expiry and revocation notices).
+    #[serde(default)]
+    pub email: Option<String>,
+    /// The ACME directory URL.
+    pub directory: String,
+    /// CA certificates (PEM) that the directory's HTTPS certificate chains to, instead of the
+    /// system roots.
+    #[serde(default)]
+    pub ca_file: Option<PathBuf>,
+    /// The plain-HTTP listener of this proxy that answers HTTP-01 challenges.
+    pub challenge_listener: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -11,8 +11,10 @@
 //! infrastructure service; [`status`] is what runs now; [`cli`] is the thin front.
 //! [`lock`] keeps one writer per state directory; [`control`] is serve's local API, to which
 //! `up` hands its request while serve holds the lock; [`exit`] says how a command ends (exit
-//! code and text), the same whether it ran locally or in serve.
+//! code and text), the same whether it ran locally or in serve. [`acme`] obtains and renews
+//! listener certificates from an ACME CA, answering its challenges through the proxy itself.
 
+pub mod acme;
 pub mod admin;
 pub mod certificates;
 pub mod cli;

@@ -345,7 +345,7 @@ fn prune_children(dir: &Path, keep: &[&str]) -> Result<()> {
     Ok(())
 }
 
-fn create_dir(dir: &Path, mode: u32) -> Result<()> {
+pub fn create_dir(dir: &Path, mode: u32) -> Result<()> {
     fs::DirBuilder::new()
         .recursive(true)
         .mode(mode)

@@ -26,7 +26,8 @@ impl Target {
 }
 
 /// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates and
-/// the listener certificates (which are checked here, so a bad one changes nothing).
+/// the listener certificates (which are checked here, so a bad one changes nothing), and from
+/// the placeholder an ACME listener gets before its first certificate ([`crate::acme::locate`]).
 pub fn targets(
     infra: &Infra,
     renderer: &Renderer,
@@ -37,7 +38,11 @@ pub fn targets(
         .proxies
         .iter()
         .map(|proxy| {
-            let certificates = certificates::load(proxy, std::time::SystemTime::now())
+            let now = std::time::SystemTime::now();
+            let mut proxy = proxy.clone();
+            crate::acme::locate(&mut proxy, state_dir, now)?;
+            let proxy = &proxy;
+            let certificates = certificates::load(proxy, now)
                 .with_context(|| format!("proxy {}: listener certificates", proxy.name))?;
             let versions = certificates
                 .iter()

@@ -87,6 +87,7 @@ fn quickstart_is_exactly_this_ir() {
                 listeners: vec![ListenerRouting {
                     listener: "web".into(),
                     tls: None,
+                    acme: None,
                     traffic: Traffic::Http {
                         virtual_hosts: vec![VirtualHost {
                             name: "web".into(),

@@ -152,6 +152,30 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
             &reporter,
         )
         .await?;
+    // ACME listeners: a missing, mismatched or two-thirds-old certificate is obtained now,
+    // through the proxy just converged (it answers the challenge), and delivered like any
+    // certificate change. A failure leaves the served certificate as it was.
+    let renderer = cli.renderer()?;
+    let acme_failed: Vec<String> = crate::acme::renew_due(
+        &crate::acme::Converger {
+            ops: &ops,
+            renderer: &renderer,
+            state_dir: &resolved.state_dir,
+            host_cpus: crate::target::host_cpus(),
+            confirm_timeout: crate::delivery::DEFAULT_CONFIRM_TIMEOUT,
+            reporter: &reporter,
+        },
+        &resolved
+            .targets
+            .iter()
+            .map(|t| t.proxy.clone())
+            .collect::<Vec<_>>(),
+        false,
+    )
+    .await
+    .into_iter()
+    .filter_map(|r| r.result.err())
+    .collect();
     for (_, warning) in &report.host.degraded {
         if !cli.quiet {
             eprintln!("warning: {warning}");
@@ -161,6 +185,7 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
         .converged
         .iter()
         .filter_map(|(_, c)| c.delivery.failed().map(|r| r.to_string()))
+        .chain(acme_failed)
         .collect();
     if cli.output == Output::Json {
         // Counted before anything else is asked of the engine: the cost of this reconcile.

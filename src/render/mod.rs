@@ -284,6 +284,7 @@ mod tests {
                             cert_file: "/c".into(),
                             key_file: "/k".into(),
                         }),
+                        acme: None,
                         traffic: Traffic::Http {
                             virtual_hosts: vec![VirtualHost {
                                 name: s("vhost"),
@@ -343,6 +344,7 @@ mod tests {
                     ListenerRouting {
                         listener: s("tcp-listener"),
                         tls: None,
+                        acme: None,
                         traffic: Traffic::Tcp {
                             backend: s("backend-a"),
                         },

@@ -53,6 +53,7 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
                 .map(|&p| ListenerRouting {
                     listener: format!("l{p}"),
                     tls: None,
+                    acme: None,
                     traffic: Traffic::Http {
                         virtual_hosts: Vec::new(),
                     },

@@ -9,6 +9,7 @@
 //! Field paths use the array index scheme everywhere: `proxy[1].listener[0].route[2].backend`;
 //! map keys that are not plain identifiers are quoted (`proxy[0].labels."a b"`).
 
+mod acme;
 mod backend;
 mod check;
 mod doc;

@@ -84,6 +84,29 @@ pub async fn served_serial(port: u16) -> Result<String, String> {
     )))
 }
 
+/// The serial and issuer of the certificate one new connection to 127.0.0.1:port, with SNI
+/// `name`, is served.
+pub async fn served_by_name(port: u16, name: &str) -> Result<(String, String), String> {
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let sni = ServerName::try_from(name.to_string()).map_err(|e| e.to_string())?;
+    let tls = tokio::time::timeout(Duration::from_secs(5), connector().connect(sni, stream))
+        .await
+        .map_err(|_| "handshake timed out".to_string())?
+        .map_err(|e| format!("handshake: {e}"))?;
+    let (_, conn) = tls.get_ref();
+    let leaf = conn
+        .peer_certificates()
+        .and_then(|c| c.first())
+        .ok_or("no certificate")?;
+    let (_, x509) = x509_parser::parse_x509_certificate(leaf).map_err(|e| e.to_string())?;
+    Ok((
+        berth::certificates::normalize_serial(&hex::encode(x509.raw_serial())),
+        x509.issuer().to_string(),
+    ))
+}
+
 /// The serials `n` new connections are served (replicas are picked by the kernel).
 pub async fn served_serials(port: u16, n: usize) -> Vec<String> {
     let mut out = Vec::new();

@@ -74,6 +74,11 @@ impl Ctx {
         !self.errors.is_empty()
     }
 
+    /// Errors so far (to tell whether a part added any).
+    pub fn error_count(&self) -> usize {
+        self.errors.len()
+    }
+
     pub fn finish(mut self) -> ConfigErrors {
         self.errors.sort_by_key(|e| (e.line, e.column));
         self.errors.dedup();

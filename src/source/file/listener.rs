@@ -24,6 +24,8 @@ const LISTENER_KEYS: &[&str] = &[
 ];
 const VHOST_KEYS: &[&str] = &["name", "domains", "route", "tls"];
 const TLS_KEYS: &[&str] = &["cert_file", "key_file"];
+/// A listener (not a virtual host) may also ask for its certificate over ACME.
+const LISTENER_TLS_KEYS: &[&str] = &["cert_file", "key_file", "acme"];
 
 pub(super) fn routing(
     cx: &mut Ctx,
@@ -84,6 +86,7 @@ pub(super) fn routing(
         };
         r.name.err(cx, msg);
     }
+    super::acme::challenge_listeners(cx, &listeners, &mut routings);
     let standalone = ir::Standalone {
         listeners: routings,
         backends,
@@ -147,7 +150,18 @@ fn listener(
             }
         }
     } else {
-        let tls = t.sub(cx, "tls", TLS_KEYS).map(|tls| tls_files(cx, &tls));
+        let mut acme = None;
+        let tls = t.sub(cx, "tls", LISTENER_TLS_KEYS).map(|tls| {
+            if tls.get("acme").is_none() {
+                return tls_files(cx, &tls);
+            }
+            acme = super::acme::acme(cx, &tls);
+            // berth's own copies in the state directory, named once it is known.
+            ir::TlsFiles {
+                cert_file: Default::default(),
+                key_file: Default::default(),
+            }
+        });
         let websocket = t.bool(cx, "websocket");
         let access_log = access_log(cx, t);
         let traffic = if protocol == "tcp" {
@@ -188,7 +202,7 @@ fn listener(
                 cx.err(
                     &t.span,
                     &t.field("tls"),
-                    "an https listener needs tls = { cert_file = \"cert.pem\", key_file = \"key.pem\" }",
+                    "an https listener needs tls = { cert_file = \"cert.pem\", key_file = \"key.pem\" } or tls = { acme = { domains = [\"example.com\"], directory = \"https://…\" } }",
                 );
             }
             if t.get("backend").is_some() {
@@ -208,6 +222,7 @@ fn listener(
             traffic,
             websocket: websocket.is_some_and(|w| w.v),
             access_log,
+            acme,
         });
     }
     let proto_name = format!("{ir_protocol:?}").to_lowercase();

@@ -1,0 +1,326 @@
+//! ACME end to end (issue 11 B) against Debian's pebble, started here on 127.0.0.1 with its own
+//! HTTPS certificate (trusted through `ca_file`) and pebble-challtestsrv as its DNS server, so
+//! the test's names resolve to 127.0.0.1. Pebble validates HTTP-01 on the proxy's plain-HTTP
+//! listener: berth answers through the proxy itself. Covered: first issuance served by every
+//! replica (issuer is pebble); renewal at two thirds of a short lifetime under HTTPS load with no
+//! failed request; pebble down → a clear error, the old certificate keeps serving, and the next
+//! attempt succeeds once pebble is back. Pebble is killed when the test ends, even on failure.
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use common::fleet::{stderr, Fleet, PROXY};
+use common::load::{assert_no_failures, Load};
+use common::tls::{served_by_name, served_serials};
+use common::{free_port, TEST_IMAGE};
+
+const PEBBLE: &str = "/usr/bin/pebble";
+const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
+const DOMAIN: &str = "edge.berth.test";
+/// Pebble's certificate lifetime: renewal is due two thirds in.
+const VALIDITY_S: u64 = 60;
+
+/// pebble and its DNS server; both killed when dropped.
+struct Pebble {
+    dir: PathBuf,
+    pub port: u16,
+    dns_port: u16,
+    http_port: u16,
+    pebble: Option<Child>,
+    dns: Child,
+}
+
+impl Pebble {
+    fn start(dir: &Path, http_port: u16) -> Pebble {
+        let certs = common::xds::Certs::generate(&dir.join("pebble-certs"));
+        let dns_port = free_port();
+        let dns = Command::new(CHALLTESTSRV)
+            .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
+            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
+            .arg("-dns01")
+            .arg(format!("127.0.0.1:{dns_port}"))
+            .arg("-management")
+            .arg(format!("127.0.0.1:{}", free_port()))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pebble-challtestsrv");
+        let mut p = Pebble {
+            dir: certs.dir.clone(),
+            port: free_port(),
+            dns_port,
+            http_port,
+            pebble: None,
+            dns,
+        };
+        p.start_pebble();
+        p
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.join("ca.pem")
+    }
+
+    fn directory(&self) -> String {
+        format!("https://127.0.0.1:{}/dir", self.port)
+    }
+
+    fn start_pebble(&mut self) {
+        let config = self.dir.join("pebble.json");
+        let json = serde_json::json!({"pebble": {
+            "listenAddress": format!("127.0.0.1:{}", self.port),
+            "managementListenAddress": format!("127.0.0.1:{}", free_port()),
+            "certificate": self.dir.join("server.pem"),
+            "privateKey": self.dir.join("server-key.pem"),
+            "httpPort": self.http_port,
+            "tlsPort": free_port(),
+            "ocspResponderURL": "",
+            "externalAccountBindingRequired": false,
+            "certificateValidityPeriod": VALIDITY_S,
+        }});
+        std::fs::write(&config, json.to_string()).unwrap();
+        let log = std::fs::File::create(self.dir.join("pebble.log")).unwrap();
+        let child = Command::new(PEBBLE)
+            .arg("-config")
+            .arg(&config)
+            .arg("-dnsserver")
+            .arg(format!("127.0.0.1:{}", self.dns_port))
+            .args(["-strict=false"])
+            .env("PEBBLE_VA_NOSLEEP", "1")
+            .env("PEBBLE_AUTHZREUSE", "0")
+            .env("PEBBLE_WFE_NONCEREJECT", "0")
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("pebble");
+        self.pebble = Some(child);
+        let start = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(10),
+                "pebble did not listen"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn stop_pebble(&mut self) {
+        if let Some(mut c) = self.pebble.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Pebble {
+    fn drop(&mut self) {
+        self.stop_pebble();
+        let _ = self.dns.kill();
+        let _ = self.dns.wait();
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(self.dir.join("pebble.log")).unwrap_or_default();
+            eprintln!("--- pebble log\n{log}");
+        }
+    }
+}
+
+fn config(http: u16, https: u16, pebble: &Pebble, domains: &[&str]) -> String {
+    let domains: Vec<String> = domains.iter().map(|d| format!("{d:?}")).collect();
+    format!(
+        r#"
+[[proxy]]
+name = "{PROXY}"
+image = "{TEST_IMAGE}"
+replicas = 2
+concurrency = 1
+
+[proxy.rollout]
+startup_deadline = "20s"
+min_ready = "1s"
+
+[[proxy.listener]]
+name = "web"
+port = {http}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "plain\n" }}
+
+[[proxy.listener]]
+name = "https"
+port = {https}
+protocol = "https"
+tls = {{ acme = {{ domains = [{domains}], email = "ops@berth.test", directory = "{dir}", ca_file = "{ca}" }} }}
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "hello over TLS\n" }}
+"#,
+        domains = domains.join(", "),
+        dir = pebble.directory(),
+        ca = pebble.ca().display(),
+    )
+}
+
+fn status(fleet: &Fleet) -> serde_json::Value {
+    let path = fleet
+        .state()
+        .join("acme")
+        .join(PROXY)
+        .join("https")
+        .join("status.json");
+    serde_json::from_slice(&std::fs::read(path).expect("status.json")).unwrap()
+}
+
+/// Until 16 new connections in a row are served one serial issued by pebble; that serial.
+async fn wait_pebble_serial(port: u16, not: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let (serial, issuer) = served_by_name(port, DOMAIN).await.unwrap();
+        let all = served_serials(port, 16).await;
+        if issuer.contains("Pebble") && serial != not && all == [serial.clone()] {
+            return serial;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "not served by every replica: {serial} from {issuer}; {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn now_s() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_down() {
+    assert!(
+        Path::new(PEBBLE).exists() && Path::new(CHALLTESTSRV).exists(),
+        "pebble is not installed: apt-get install pebble (.ci/run does)"
+    );
+    let fleet = Fleet::new("acme").await;
+    let http = fleet.port;
+    let https = free_port();
+    let mut pebble = Pebble::start(fleet.dir.path(), http);
+    std::fs::write(fleet.config(), config(http, https, &pebble, &[DOMAIN])).unwrap();
+
+    // First issuance: the proxy starts with a placeholder, answers the challenge, serves pebble's.
+    let started = Instant::now();
+    let out = fleet.up_ok().await;
+    let issuance = started.elapsed();
+    let first = wait_pebble_serial(https, "").await;
+    eprintln!(
+        "first issuance: berth up took {issuance:?} (placeholder, converge, order, delivery)"
+    );
+    let st = status(&fleet);
+    assert_eq!(st["placeholder"], false, "{st}");
+    assert!(st["last_error"].is_null(), "{st}");
+    let acme_dir = fleet.state().join("acme");
+    let key = acme_dir.join(PROXY).join("https").join("key.pem");
+    assert_eq!(
+        std::fs::metadata(&key).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let accounts: Vec<_> = std::fs::read_dir(acme_dir.join("accounts"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(accounts.len(), 1);
+    assert_eq!(
+        std::fs::metadata(&accounts[0])
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let key_text = std::fs::read_to_string(&key).unwrap();
+    let key_body = key_text.lines().nth(1).unwrap();
+    let printed = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(!printed.contains(key_body), "the key is never printed");
+    // The challenge route is gone again.
+    let plain = reqwest_get(http, "/.well-known/acme-challenge/x").await;
+    assert_eq!(plain, "plain\n");
+
+    // Not due yet: up changes nothing.
+    let out = fleet.up_ok().await;
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("\"acme\""));
+    assert_eq!(served_serials(https, 8).await, [first.as_str()]);
+
+    // Renewal at two thirds of the lifetime, under HTTPS load.
+    let due = st["next_renewal"].as_i64().expect("next_renewal");
+    let wait = (due - now_s()).max(0) as u64;
+    assert!(wait <= VALIDITY_S, "renewal planned {wait}s ahead");
+    tokio::time::sleep(Duration::from_secs(wait + 1)).await;
+    let load = Load::start_tls(https, "/", 8, Duration::from_secs(120));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    fleet.up_ok().await;
+    let renewal = started.elapsed();
+    let second = wait_pebble_serial(https, &first).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let report = load.stop().await;
+    eprintln!(
+        "renewal under load: berth up took {renewal:?}; {}",
+        report.summary()
+    );
+    assert_no_failures("renewal", &report);
+
+    // The CA is down: a clear error naming it; the current certificate keeps serving.
+    pebble.stop_pebble();
+    std::fs::write(
+        fleet.config(),
+        config(http, https, &pebble, &[DOMAIN, "www.berth.test"]),
+    )
+    .unwrap();
+    let out = fleet.up().await;
+    assert!(!out.status.success(), "up fails while the CA is down");
+    let err = stderr(&out);
+    assert!(
+        err.contains("could not obtain a certificate") && err.contains(&pebble.directory()),
+        "{err}"
+    );
+    assert_eq!(served_serials(https, 16).await, [second.as_str()]);
+    let st = status(&fleet);
+    assert_eq!(st["failures"], 1, "{st}");
+    assert!(st["last_error"]
+        .as_str()
+        .unwrap()
+        .contains(&pebble.directory()));
+
+    // Back: the next attempt succeeds (pebble forgot the account; berth registers again).
+    pebble.start_pebble();
+    fleet.up_ok().await;
+    let third = wait_pebble_serial(https, &second).await;
+    let (_, issuer) = served_by_name(https, "www.berth.test").await.unwrap();
+    assert!(issuer.contains("Pebble"), "{issuer}");
+    let st = status(&fleet);
+    assert_eq!(st["failures"], 0, "{st}");
+    assert!(st["last_error"].is_null(), "{st}");
+    eprintln!("serials: {first} → {second} → {third}");
+}
+
+/// The body of a plain GET to 127.0.0.1:port.
+async fn reqwest_get(port: u16, path: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nhost: {DOMAIN}\r\nconnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()
+}
