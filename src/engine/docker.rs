@@ -29,7 +29,8 @@ use futures_util::{StreamExt, TryStreamExt};
 use super::{
     ContainerEngine, ContainerEvent, ContainerInfo, ContainerStatus, EngineError, EngineResult,
     Events, Exited, Hardening, Inspected, LabelFilter, LiveSettings, Mount, Network,
-    ObservationCache, ObservedContainer, OneShot, ReplicaContainer, RunState,
+    ObservationCache, ObservedContainer, OneShot, PullError, PullFailure, ReplicaContainer,
+    RunState,
 };
 
 /// bollard's per-request timeout; `stop` raises it for its own request.
@@ -356,8 +357,39 @@ impl DockerEngine {
         }
     }
 
-    async fn pull(&self, image: &str, progress: bool) -> Result<(), String> {
+    /// Pulls `image` with the Docker client's credentials for its registry, drawing a byte
+    /// progress bar on stderr when `progress`. Errors are classified and name the image and
+    /// the registry, never a credential.
+    async fn pull_from_registry(&self, image: &str, progress: bool) -> EngineResult<()> {
         use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+        let registry = super::credentials::registry_of(image).to_string();
+        let failed = |failure, detail: String, with_credentials| {
+            // On a host without a registry the usual fix is a locally built image.
+            let hint = if registry == "docker.io" {
+                let version = image_version_hint(image);
+                format!(
+                    "\nhint: on a host without a registry, build a local Envoy image with \
+                     `scripts/envoy-image.sh {version}` and use berth/envoy:{version}"
+                )
+            } else {
+                String::new()
+            };
+            EngineError::Pull(PullError {
+                image: image.to_string(),
+                registry: registry.clone(),
+                failure,
+                detail,
+                with_credentials,
+                hint,
+            })
+        };
+        let lookup = registry.clone();
+        let credentials = tokio::task::spawn_blocking(move || super::credentials::lookup(&lookup))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|detail| failed(PullFailure::Credentials, detail, false))?;
+        let with_credentials = credentials.is_some();
         let (repo, tag) = split_image(image);
         let opts = CreateImageOptionsBuilder::default()
             .from_image(repo)
@@ -379,18 +411,33 @@ impl DockerEngine {
         bar.set_message(format!("pulling {image}"));
         // Per layer: (current, total) bytes; the bar shows the sum.
         let mut layers: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        let mut stream = self.docker.create_image(Some(opts), None, None);
+        let mut stream = self.docker.create_image(Some(opts), None, credentials);
         while let Some(info) = stream.next().await {
             let info = match info {
                 Ok(info) => info,
                 Err(e) => {
                     bar.abandon_with_message(format!("pulling {image} failed"));
-                    return Err(e.to_string());
+                    if is_connection_error(&e) {
+                        return Err(EngineError::Unreachable {
+                            endpoint: self.endpoint.clone(),
+                            message: e.to_string(),
+                        });
+                    }
+                    let detail = match e {
+                        BollardError::DockerResponseServerError { message, .. } => message,
+                        BollardError::DockerStreamError { error } => error,
+                        other => other.to_string(),
+                    };
+                    return Err(failed(
+                        PullFailure::classify(&detail),
+                        detail,
+                        with_credentials,
+                    ));
                 }
             };
             if let Some(err) = info.error_detail.and_then(|d| d.message) {
                 bar.abandon_with_message(format!("pulling {image} failed"));
-                return Err(err);
+                return Err(failed(PullFailure::classify(&err), err, with_credentials));
             }
             if let (Some(id), Some(detail)) = (info.id, info.progress_detail) {
                 let entry = layers.entry(id).or_default();
@@ -517,17 +564,11 @@ impl ContainerEngine for DockerEngine {
         if let Some(id) = self.image_id(image).await? {
             return Ok(id);
         }
-        if let Err(message) = self.pull(image, progress).await {
-            let version = image_version_hint(image);
-            return Err(EngineError::ImageUnavailable {
-                image: image.to_string(),
-                message,
-                hint: format!(
-                    "\nhint: on a host without a registry, build a local Envoy image with \
-                     `scripts/envoy-image.sh {version}` and use berth/envoy:{version}"
-                ),
-            });
-        }
+        self.pull(image, progress).await
+    }
+
+    async fn pull(&self, image: &str, progress: bool) -> EngineResult<String> {
+        self.pull_from_registry(image, progress).await?;
         self.image_id(image)
             .await?
             .ok_or_else(|| EngineError::ImageUnavailable {

@@ -88,6 +88,10 @@ struct World {
     history: Vec<String>,
     /// Operations that fail once: (operation prefix, error message).
     failures: Vec<(String, String)>,
+    /// What a registry holds: [`FakeEngine::push`]ed images, pulled by `pull`.
+    registry: BTreeMap<String, Image>,
+    /// Every `pull` fails so while set ([`FakeEngine::fail_pulls`]).
+    pull_failure: Option<crate::engine::PullFailure>,
 }
 
 /// The in-memory engine. Share it as `Arc<FakeEngine>`: it is also the [`AdminConnector`] of
@@ -132,6 +136,27 @@ impl FakeEngine {
         w.next += 1;
         let id = format!("sha256:{:064x}", w.next);
         w.images.insert(image.to_string(), Image { id, behavior });
+    }
+
+    /// Puts a new image under `image` in the fake registry (a tag moved there); the local
+    /// image stays until a `pull`. Returns the new image's ID.
+    pub fn push(&self, image: &str, behavior: Behavior) -> String {
+        let mut w = self.lock();
+        w.next += 1;
+        let id = format!("sha256:{:064x}", w.next);
+        w.registry.insert(
+            image.to_string(),
+            Image {
+                id: id.clone(),
+                behavior,
+            },
+        );
+        id
+    }
+
+    /// Every `pull` fails with `failure` until called with None.
+    pub fn fail_pulls(&self, failure: Option<crate::engine::PullFailure>) {
+        self.lock().pull_failure = failure;
     }
 
     /// The next operation whose description starts with `operation` (e.g. "start",
@@ -240,6 +265,8 @@ impl FakeEngine {
 fn behavior_of(w: &World, image: &str) -> Behavior {
     w.images
         .get(image)
+        .or_else(|| w.images.values().find(|i| i.id == image))
+        .or_else(|| w.registry.values().find(|i| i.id == image))
         .map(|i| i.behavior.clone())
         .unwrap_or_else(|| Behavior::healthy(&[]))
 }
@@ -343,6 +370,40 @@ impl ContainerEngine for FakeEngine {
                 message: "no such image in the fake engine".into(),
                 hint: String::new(),
             })
+    }
+
+    /// The fake's "registry" is [`FakeEngine::push`]: a pull makes the pushed image the local
+    /// one; a failure set with [`FakeEngine::fail_pulls`] is returned instead.
+    async fn pull(&self, image: &str, _progress: bool) -> EngineResult<String> {
+        self.count();
+        let mut w = self.lock();
+        self.step(&mut w, format!("registry pull {image}"))?;
+        if let Some(failure) = w.pull_failure {
+            return Err(EngineError::Pull(crate::engine::PullError {
+                image: image.to_string(),
+                registry: crate::engine::credentials::registry_of(image).to_string(),
+                failure,
+                detail: "the fake registry fails as told".into(),
+                with_credentials: false,
+                hint: String::new(),
+            }));
+        }
+        if let Some(pushed) = w.registry.get(image).cloned() {
+            // The image the tag named before stays, by its ID (containers still use it).
+            if let Some(before) = w.images.insert(image.to_string(), pushed) {
+                w.images.insert(before.id.clone(), before);
+            }
+        }
+        w.images.get(image).map(|i| i.id.clone()).ok_or_else(|| {
+            EngineError::Pull(crate::engine::PullError {
+                image: image.to_string(),
+                registry: crate::engine::credentials::registry_of(image).to_string(),
+                failure: crate::engine::PullFailure::NotFound,
+                detail: "manifest unknown (fake registry)".into(),
+                with_credentials: false,
+                hint: String::new(),
+            })
+        })
     }
 
     async fn create(&self, spec: &ReplicaContainer) -> EngineResult<String> {

@@ -10,6 +10,7 @@
 //! read-only root filesystem, capabilities, restart policy, network) is data in
 //! [`ReplicaContainer`], decided by the caller; the adapters only translate it.
 
+pub mod credentials;
 pub mod docker;
 pub mod fake;
 
@@ -303,6 +304,116 @@ pub enum EngineError {
     /// A container did not finish in time.
     #[error("{what} did not finish within {timeout:?}")]
     Timeout { what: String, timeout: Duration },
+    /// A pull failed: the registry refused it, has no such image, or cannot be reached.
+    #[error(transparent)]
+    Pull(#[from] PullError),
+}
+
+/// Why a pull failed, as far as the engine's words tell.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PullFailure {
+    /// The registry wants credentials, or refused the ones sent.
+    Unauthorized,
+    /// The registry has no such repository or tag.
+    NotFound,
+    /// The registry cannot be reached (refused, no route, no such host, TLS, timeout).
+    Unreachable,
+    /// The Docker client config or its credential helper failed; nothing was asked of the
+    /// registry.
+    Credentials,
+    /// Anything else the engine said.
+    Other,
+}
+
+impl PullFailure {
+    /// Reads the engine's error message of a failed pull.
+    pub fn classify(message: &str) -> PullFailure {
+        let m = message.to_ascii_lowercase();
+        let any = |words: &[&str]| words.iter().any(|w| m.contains(w));
+        if any(&[
+            "unauthorized",
+            "no basic auth credentials",
+            "authentication required",
+            "access denied",
+            "denied:",
+            "incorrect username or password",
+        ]) {
+            PullFailure::Unauthorized
+        } else if any(&[
+            "manifest unknown",
+            "name unknown",
+            "not found",
+            "no such image",
+        ]) {
+            PullFailure::NotFound
+        } else if any(&[
+            "dial tcp",
+            "connection refused",
+            "no such host",
+            "i/o timeout",
+            "network is unreachable",
+            "no route to host",
+            "tls:",
+            "x509:",
+            "http response to https client",
+            "deadline exceeded",
+            "connection reset",
+        ]) {
+            PullFailure::Unreachable
+        } else {
+            PullFailure::Other
+        }
+    }
+}
+
+/// A failed pull, naming the image and the registry (never a credential).
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("{}", self.describe())]
+pub struct PullError {
+    pub image: String,
+    /// "docker.io", "127.0.0.1:5000", …
+    pub registry: String,
+    pub failure: PullFailure,
+    /// The engine's (or the credential lookup's) own words.
+    pub detail: String,
+    /// Whether credentials from the Docker client config were sent.
+    pub with_credentials: bool,
+    /// Advice for hosts without a registry (may be empty).
+    pub hint: String,
+}
+
+impl PullError {
+    fn describe(&self) -> String {
+        let (image, registry, detail) = (&self.image, &self.registry, &self.detail);
+        let config = credentials::config_file()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "~/.docker/config.json".into());
+        let what = match self.failure {
+            PullFailure::Unauthorized if self.with_credentials => format!(
+                "cannot pull {image}: registry {registry} refused the credentials berth sent \
+                 (from {config}; unauthorized): {detail}; run `docker login {registry}` as the \
+                 user berth runs as (or set DOCKER_CONFIG)"
+            ),
+            PullFailure::Unauthorized => format!(
+                "cannot pull {image}: registry {registry} wants credentials and {config} has \
+                 none for it (unauthorized): {detail}; run `docker login {registry}` as the user \
+                 berth runs as (or set DOCKER_CONFIG)"
+            ),
+            PullFailure::NotFound => format!(
+                "cannot pull {image}: registry {registry} has no such repository or tag (not \
+                 found): {detail}"
+            ),
+            PullFailure::Unreachable => format!(
+                "cannot pull {image}: registry {registry} cannot be reached (unreachable): {detail}"
+            ),
+            PullFailure::Credentials => format!(
+                "cannot pull {image}: the credentials for registry {registry} could not be read: \
+                 {detail}"
+            ),
+            PullFailure::Other => format!("cannot pull {image} from registry {registry}: {detail}"),
+        };
+        format!("{what}{}", self.hint)
+    }
 }
 
 impl EngineError {
@@ -313,6 +424,8 @@ impl EngineError {
             EngineError::Unreachable { .. } | EngineError::Timeout { .. } => true,
             EngineError::Refused { status, .. } => *status == 0 || *status >= 500,
             EngineError::ImageUnavailable { .. } => false,
+            // A registry away comes back; credentials and names wait for a change.
+            EngineError::Pull(p) => p.failure == PullFailure::Unreachable,
         }
     }
 
@@ -365,6 +478,11 @@ pub trait ContainerEngine: Send + Sync {
     /// `progress`). Returns its ID.
     async fn ensure_image(&self, image: &str, progress: bool) -> EngineResult<String>;
 
+    /// Pulls `image` from its registry whether or not it is present (with the credentials of
+    /// the Docker client config, progress on a terminal when `progress`). Returns the ID the
+    /// reference names afterwards: another one than before when the tag moved.
+    async fn pull(&self, image: &str, progress: bool) -> EngineResult<String>;
+
     /// Creates a container without starting it. Returns its ID.
     async fn create(&self, container: &ReplicaContainer) -> EngineResult<String>;
 
@@ -384,4 +502,39 @@ pub trait ContainerEngine: Send + Sync {
 
     /// Container events (start, die, destroy, …) of containers matching `filter`, from now on.
     fn events(&self, filter: &LabelFilter) -> Events;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PullFailure;
+
+    #[test]
+    fn pull_failures_are_read_from_the_engines_words() {
+        // Docker 20.10's answers against Debian's docker-registry 2.8 and an absent one.
+        for (message, failure) in [
+            (
+                r#"Head "http://127.0.0.1:45123/v2/envoy/manifests/edge": no basic auth credentials"#,
+                PullFailure::Unauthorized,
+            ),
+            (
+                "unauthorized: authentication required",
+                PullFailure::Unauthorized,
+            ),
+            (
+                "pull access denied for envoy, repository does not exist or may require 'docker login'",
+                PullFailure::Unauthorized,
+            ),
+            (
+                "manifest for 127.0.0.1:45123/envoy:nope not found: manifest unknown: manifest unknown",
+                PullFailure::NotFound,
+            ),
+            (
+                r#"Get "http://127.0.0.1:45124/v2/": dial tcp 127.0.0.1:45124: connect: connection refused"#,
+                PullFailure::Unreachable,
+            ),
+            ("something else entirely", PullFailure::Other),
+        ] {
+            assert_eq!(PullFailure::classify(message), failure, "{message}");
+        }
+    }
 }
