@@ -146,6 +146,36 @@ pub struct EnvoyProxy {
     pub shutdown: Shutdown,
     #[serde(default)]
     pub bootstrap: Option<BootstrapOverride>,
+    /// When berth pulls the image (berth's own; EG's IR has none, so EG proxies pull when
+    /// missing). Left out of the JSON when it is the default, so IR fingerprints made before
+    /// it existed still hold.
+    #[serde(default, skip_serializing_if = "PullPolicy::is_default")]
+    pub pull: PullPolicy,
+}
+
+/// When the image is pulled: compose's `pull_policy`, whose documented default is `missing`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PullPolicy {
+    /// Only when no local image has the reference; a local tag is what runs.
+    #[default]
+    Missing,
+    /// Ask the registry whenever berth converges (`up`, `diff`, serve's startup and its tag
+    /// checks): a tag that now names another image rolls the replicas to it.
+    Always,
+}
+
+impl PullPolicy {
+    pub fn is_default(&self) -> bool {
+        *self == PullPolicy::Missing
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PullPolicy::Missing => "missing",
+            PullPolicy::Always => "always",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]

@@ -39,6 +39,15 @@ impl Default for HostPolicy {
     }
 }
 
+/// How fresh the image IDs of proxies with pull policy "always" must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TagCheck {
+    /// Ask the registry: pull.
+    Registry,
+    /// What the tag names locally (pulled only when absent).
+    Local,
+}
+
 /// What `up` did.
 #[derive(Debug, Default)]
 pub struct UpReport {
@@ -75,8 +84,48 @@ impl Operations {
         self.infra.converge(request).await
     }
 
-    /// `up`: prepare the host, converge every target in turn (the first failure stops), then
-    /// drain and remove the proxies this berth owns that are no longer wanted.
+    /// Pins every target whose pull policy is "always" to the image ID its tag names
+    /// ([`crate::replica::DesiredProxy::pin_image`]): with [`TagCheck::Registry`] each image is
+    /// pulled first (once, however many proxies share it), so a tag that moved is a new spec.
+    /// A pull that fails is the answer: nothing has been changed yet.
+    pub async fn pin_images(
+        &self,
+        targets: &mut [Target],
+        check: TagCheck,
+        reporter: &Reporter,
+    ) -> Result<(), ConvergeError> {
+        let mut ids: std::collections::BTreeMap<String, Option<String>> = Default::default();
+        for t in targets.iter_mut() {
+            if t.proxy.config.pull != crate::ir::PullPolicy::Always {
+                continue;
+            }
+            let image = t.desired.spec.image.clone();
+            let id = match ids.get(&image) {
+                Some(id) => id.clone(),
+                None => {
+                    reporter.waiting(format!("{}: pulling {image}", t.name()));
+                    let pull = check == TagCheck::Registry;
+                    let id = self.infra.resolve_image(&image, pull, reporter).await?;
+                    if let (true, Some(id)) = (pull, &id) {
+                        reporter
+                            .event(crate::progress::Event::new(t.name(), "pulled").message(
+                                format!("{image} is {}", crate::plan::short_image_id(id)),
+                            ));
+                    }
+                    ids.insert(image, id.clone());
+                    id
+                }
+            };
+            if let Some(id) = id {
+                t.desired.pin_image(&id);
+            }
+        }
+        Ok(())
+    }
+
+    /// `up`: pull the images whose policy is "always", prepare the host, converge every target
+    /// in turn (the first failure stops), then drain and remove the proxies this berth owns
+    /// that are no longer wanted.
     pub async fn up(
         &self,
         targets: &[Target],
@@ -84,6 +133,10 @@ impl Operations {
         confirm_timeout: Duration,
         reporter: &Reporter,
     ) -> Result<UpReport, ConvergeError> {
+        let mut pinned = targets.to_vec();
+        self.pin_images(&mut pinned, TagCheck::Registry, reporter)
+            .await?;
+        let targets = pinned.as_slice();
         let mut report = UpReport {
             host: self.prepare_host(targets, policy).await?,
             ..Default::default()
@@ -155,9 +208,18 @@ impl Operations {
         Ok(())
     }
 
-    /// What `up` would do.
-    pub async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError> {
-        self.infra.diff(targets).await
+    /// What `up` would do. Images whose pull policy is "always" are pulled first, as `up`
+    /// would (a pull changes no replica), so a tag that moved shows as replacements and a
+    /// note, old image ID -> new.
+    pub async fn diff(
+        &self,
+        targets: &[Target],
+        reporter: &Reporter,
+    ) -> Result<Plan, ConvergeError> {
+        let mut pinned = targets.to_vec();
+        self.pin_images(&mut pinned, TagCheck::Registry, reporter)
+            .await?;
+        self.infra.diff(&pinned).await
     }
 
     /// One row per replica of `proxies`.

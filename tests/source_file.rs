@@ -70,6 +70,7 @@ fn quickstart_is_exactly_this_ir() {
                 logging: Logging::default(),
                 shutdown: Shutdown::default(),
                 bootstrap: None,
+                pull: Default::default(),
             },
             listeners: vec![ProxyListener {
                 name: "web".into(),

@@ -87,7 +87,15 @@ pub(super) async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
 pub(super) async fn diff(cli: &Cli) -> Result<()> {
     let resolved = Resolved::load(cli)?;
     let ops = resolved.operations(cli, false).await?;
-    let plan = ops.diff(&resolved.targets).await?;
+    let plan = {
+        // Pull progress goes to stderr; JSON output stays one document.
+        let reporter = if cli.output == Output::Json {
+            crate::progress::Reporter::quiet()
+        } else {
+            cli.reporter()
+        };
+        ops.diff(&resolved.targets, &reporter).await?
+    };
     if cli.output == Output::Json {
         println!(
             "{}",

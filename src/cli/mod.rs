@@ -177,6 +177,10 @@ pub enum Command {
     /// Show one row per replica: state, readiness, image, spec, uptime, connections.
     Status,
     /// Show what `up` would do, without doing it.
+    ///
+    /// Images whose proxy has `pull = "always"` are pulled first, as `up` would (a pull
+    /// changes no replica): a tag that now names another image shows as replacements and a
+    /// note, old image ID -> new.
     Diff,
     /// Print the rendered Envoy files (bootstrap and watched resources).
     Render {
@@ -206,8 +210,8 @@ pub enum Command {
         /// [default: [serve] listen, else 127.0.0.1:9477].
         #[arg(long, env = "BERTH_LISTEN", value_parser = parse_listen)]
         listen: Option<ListenFlag>,
-        /// Reconcile every proxy this often even without events ("0" turns it off)
-        /// [default: [serve] resync, else 30s].
+        /// Reconcile every proxy this often even without events ("0" turns it off); images
+        /// with `pull = "always"` are pulled this often too [default: [serve] resync, else 30s].
         #[arg(long, value_parser = humantime::parse_duration)]
         resync: Option<std::time::Duration>,
         /// How long every replica gets to confirm a live route/cluster update

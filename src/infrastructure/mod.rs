@@ -247,6 +247,19 @@ pub trait Infrastructure: Send + Sync {
     /// What converging `targets` would do, and the removal of owned proxies not among them.
     async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError>;
 
+    /// The image ID `image` names, for a proxy whose pull policy is "always": pulled from its
+    /// registry first when `pull` (the tag may have moved), else the local image (pulled only
+    /// when absent). None when this infrastructure runs images by reference only.
+    async fn resolve_image(
+        &self,
+        image: &str,
+        pull: bool,
+        reporter: &Reporter,
+    ) -> Result<Option<String>, ConvergeError> {
+        let _ = (image, pull, reporter);
+        Ok(None)
+    }
+
     /// Runs the real Envoy's config check on the target (no replica is touched).
     async fn validate(&self, target: &Target, reporter: &Reporter) -> Result<(), ConvergeError>;
 

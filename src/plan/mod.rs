@@ -558,6 +558,10 @@ pub fn plan_with(desired: &[DesiredProxy], observed: &[ObservedContainer], facts
         }
     }
 
+    for d in wanted.values() {
+        notes.extend(moved_tag(d, observed));
+    }
+
     let mut actions = Vec::new();
     for (&name, &d) in &wanted {
         let mut acts = ProxyActions::default();
@@ -625,6 +629,40 @@ pub fn plan_with(desired: &[DesiredProxy], observed: &[ObservedContainer], facts
     }
 
     Plan { actions, notes }
+}
+
+/// A proxy pinned to an image ID (pull policy "always") whose replicas of another spec run
+/// another image: the tag moved. Says so, by tag, old ID → new ID (the replacements follow
+/// from the hash).
+fn moved_tag(d: &DesiredProxy, observed: &[ObservedContainer]) -> Option<Note> {
+    let new = d.spec.image_id.as_deref()?;
+    let old: BTreeSet<&str> = observed
+        .iter()
+        .filter(|c| c.is_managed() && c.proxy() == Some(d.name()))
+        .filter(|c| c.spec_hash() != Some(d.hash.as_str()) && c.state != RunState::Removing)
+        .filter_map(|c| c.image_id())
+        .filter(|id| !id.is_empty() && *id != new)
+        .collect();
+    if old.is_empty() {
+        return None;
+    }
+    let old: Vec<&str> = old.into_iter().map(short_image_id).collect();
+    Some(Note {
+        proxy: d.name().to_string(),
+        slot: None,
+        container: None,
+        message: format!(
+            "image {}: {} -> {} (the tag names another image now)",
+            d.spec.image,
+            old.join(", "),
+            short_image_id(new)
+        ),
+    })
+}
+
+/// "sha256:1a2b3c4d5e6f" of a full image ID.
+pub fn short_image_id(id: &str) -> &str {
+    id.get(..19).unwrap_or(id)
 }
 
 fn remove(proxy: &str, slot: Option<u32>, c: &ObservedContainer, reason: RemoveReason) -> Action {

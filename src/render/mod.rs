@@ -261,6 +261,7 @@ mod tests {
                 logging: Logging::default(),
                 shutdown: Shutdown::default(),
                 bootstrap: None,
+                pull: Default::default(),
             },
             listeners: vec![
                 ProxyListener {

@@ -66,6 +66,12 @@ pub struct ProxySpec {
     /// made before this field existed still hold.
     #[serde(default = "default_user", skip_serializing_if = "is_default_user")]
     pub user: User,
+    /// The image ID `image` named when it was last pulled, for a proxy whose pull policy is
+    /// "always" ([`DesiredProxy::pin_image`]): a tag that moves to another image is then a new
+    /// spec, rolled out like any other change. None (and out of the hash, so hashes made
+    /// before this field existed still hold) when the reference alone is the spec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_id: Option<String>,
 }
 
 fn default_user() -> User {
@@ -96,6 +102,15 @@ pub struct DesiredProxy {
 }
 
 impl DesiredProxy {
+    /// Pins the spec to the image ID its tag names now (pull policy "always"): the hash
+    /// follows the ID, so a moved tag replaces the replicas through the rolling path.
+    pub fn pin_image(&mut self, image_id: &str) {
+        if self.spec.image_id.as_deref() != Some(image_id) {
+            self.spec.image_id = Some(image_id.to_string());
+            self.hash = self.spec.hash();
+        }
+    }
+
     /// What a ready replica of this proxy shows: every listener port bound.
     pub fn expect(&self) -> crate::readiness::Expect {
         crate::readiness::Expect {
@@ -411,6 +426,7 @@ pub fn desired_proxy(
         bootstrap_sha256,
         labels: proxy.metadata.labels.clone(),
         user: replica_user(),
+        image_id: None,
     };
     let hash = spec.hash();
     DesiredProxy {
@@ -485,8 +501,10 @@ impl ReplicaContainer {
     /// the shared spec: `--service-node <name>` (right after `--service-cluster`, so the user's
     /// extra args stay last), this replica's admin socket directory at
     /// [`layout::CONTAINER_RUN_DIR`] (read-write), and berth's labels, which win over the
-    /// user's labels of the same key. `image_id` is recorded as a label for `status`; it is not
-    /// part of the hash (the image reference is). `extra_labels` (the test suite's) go on too.
+    /// user's labels of the same key. `image_id` is what the image reference names now; it is
+    /// recorded as a label for `status` and `diff`. A spec pinned to another image ID
+    /// ([`DesiredProxy::pin_image`]; a rollback after its tag moved) is created from that ID,
+    /// so it runs the image it was proven with. `extra_labels` (the test suite's) go on too.
     pub fn new(
         desired: &DesiredProxy,
         slot: u32,
@@ -496,6 +514,10 @@ impl ReplicaContainer {
         extra_labels: &BTreeMap<String, String>,
     ) -> ReplicaContainer {
         let spec = &desired.spec;
+        let (image, image_id) = match spec.image_id.as_deref() {
+            Some(pinned) if pinned != image_id => (pinned.to_string(), pinned),
+            _ => (spec.image.clone(), image_id),
+        };
 
         let args = with_service_node(&spec.args, name);
 
@@ -524,7 +546,7 @@ impl ReplicaContainer {
         ReplicaContainer {
             name: name.to_string(),
             slot,
-            image: spec.image.clone(),
+            image,
             args,
             env: spec.env.clone(),
             nano_cpus: spec.nano_cpus,

@@ -31,6 +31,7 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
             logging: Logging::default(),
             shutdown: Shutdown::default(),
             bootstrap: None,
+            pull: Default::default(),
         },
         listeners: ports
             .iter()

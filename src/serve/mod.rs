@@ -26,6 +26,7 @@ mod resync;
 pub mod scheduler;
 mod server;
 mod signals;
+mod tags;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -233,6 +234,9 @@ pub struct Shared {
     pub desired: Mutex<Desired>,
     /// The last good config's targets (`desired` merges them with `remote`).
     pub config_targets: Mutex<BTreeMap<String, Target>>,
+    /// Image reference → the image ID it named at the last tag check, for proxies whose pull
+    /// policy is "always" (see [`tags`]); `publish` pins their specs to it.
+    pub image_pins: Mutex<BTreeMap<String, String>>,
     /// Proxies Envoy Gateway asked for over the remote infrastructure service.
     pub remote: Mutex<BTreeMap<String, eg_proxies::Managed>>,
     /// The last reconcile pass of each proxy, and a wake-up when one ends.
@@ -284,6 +288,10 @@ impl Shared {
         for (name, m) in self.remote.lock().unwrap_or_else(|e| e.into_inner()).iter() {
             targets.insert(name.clone(), m.target.clone());
         }
+        tags::pin(
+            &self.image_pins.lock().unwrap_or_else(|e| e.into_inner()),
+            targets.values_mut(),
+        );
         let list: Vec<Target> = targets.values().cloned().collect();
         let generations = self.update_record(|rec| rec.accept(&list));
         for (name, g) in &generations {
@@ -563,6 +571,7 @@ pub async fn run(opts: Options) -> Result<()> {
         metrics: Metrics::new(),
         desired: Mutex::new(Desired::default()),
         config_targets: Mutex::new(BTreeMap::new()),
+        image_pins: Mutex::new(BTreeMap::new()),
         remote: Mutex::new(BTreeMap::new()),
         passes: Mutex::new(BTreeMap::new()),
         pass_done: tokio::sync::Notify::new(),
@@ -576,6 +585,8 @@ pub async fn run(opts: Options) -> Result<()> {
     let xds = first.envoy_gateway.as_ref().map(|g| g.xds.clone());
     eg_proxies::restore(&shared, xds.as_ref())?;
     shared.reload()?;
+    // Pull policy "always": ask the registries before the first pass, as `up` would.
+    tags::check(&shared, tags::Which::All).await;
     let remote_listen = match &opts.remote {
         RemoteFlag::Off => None,
         RemoteFlag::At(l) => Some(l.clone()),

@@ -79,6 +79,9 @@ pub fn success_policy(target: &Target, c: &Converged) -> Action {
 pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Action {
     let started = Instant::now();
     set_busy(shared, name, "observing");
+    // A proxy with pull policy "always" whose image no tag check has seen yet (a new proxy or
+    // image in the config) is pinned before its pass.
+    super::tags::check(shared, super::tags::Which::Unpinned(name)).await;
     let (wanted, epoch) = {
         let d = shared.desired.lock().unwrap_or_else(|e| e.into_inner());
         let wanted = d

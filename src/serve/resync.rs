@@ -1,5 +1,6 @@
 //! The periodic resync: every proxy is reconciled at a fixed interval, whatever the events
-//! said, so a missed event is repaired within one interval.
+//! said, so a missed event is repaired within one interval. Images whose pull policy is
+//! "always" are pulled first ([`super::tags`]): a tag that moved is rolled out by that pass.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,10 @@ pub async fn run(shared: Arc<Shared>, every: Duration, cancel: CancellationToken
     loop {
         tokio::select! {
             _ = cancel.cancelled() => return Ok(()),
-            _ = tick.tick() => shared.trigger(Trigger::All("resync")),
+            _ = tick.tick() => {
+                super::tags::check(&shared, super::tags::Which::All).await;
+                shared.trigger(Trigger::All("resync"));
+            }
         }
     }
 }

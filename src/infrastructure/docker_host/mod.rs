@@ -159,6 +159,21 @@ impl Infrastructure for DockerHost {
         Ok(plan::plan_with(&desired, &observed, &facts))
     }
 
+    async fn resolve_image(
+        &self,
+        image: &str,
+        pull: bool,
+        reporter: &Reporter,
+    ) -> Result<Option<String>, ConvergeError> {
+        let progress = reporter.shows_progress();
+        let id = if pull {
+            self.engine.pull(image, progress).await?
+        } else {
+            self.engine.ensure_image(image, progress).await?
+        };
+        Ok(Some(id))
+    }
+
     async fn validate(&self, target: &Target, reporter: &Reporter) -> Result<(), ConvergeError> {
         self.engine
             .ensure_image(&target.desired.spec.image, reporter.shows_progress())

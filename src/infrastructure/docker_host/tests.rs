@@ -417,3 +417,119 @@ async fn remove_drains_every_replica_before_any_goes() {
     assert!(images(&w).is_empty());
     assert!(!w.host.state.proxy("edge").root().exists());
 }
+
+/// Pull policy "always" over the fake registry: the operations layer on a second host of the
+/// same engine and state directory.
+fn operations(w: &World) -> crate::operations::Operations {
+    let host = DockerHost::new(
+        w.engine.clone(),
+        Arc::new(w.engine.clone()),
+        w.host.state.clone(),
+        Default::default(),
+    );
+    crate::operations::Operations::new(Arc::new(host))
+}
+
+const EDGE: &str = "registry.test:5000/envoy:edge";
+
+/// `target` with `pull = "always"`, pinned by a pull as `up` pins it.
+async fn pulled(w: &World, replicas: u32) -> Result<Target, ConvergeError> {
+    let mut t = target(w, EDGE, replicas, "rollback");
+    t.proxy.config.pull = crate::ir::PullPolicy::Always;
+    let mut ts = vec![t];
+    operations(w)
+        .pin_images(
+            &mut ts,
+            crate::operations::TagCheck::Registry,
+            &Reporter::quiet(),
+        )
+        .await?;
+    Ok(ts.remove(0))
+}
+
+fn image_ids(w: &World) -> Vec<String> {
+    let mut v: Vec<String> = w
+        .engine
+        .containers()
+        .into_iter()
+        .filter(|c| c.state == RunState::Running)
+        .map(|c| c.labels["io.berth.image-id"].clone())
+        .collect();
+    v.sort();
+    v
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_moved_tag_is_a_new_spec_shown_by_diff_and_rolled_back_to_the_old_image_by_id() {
+    let w = world();
+    w.engine.add_image(EDGE, Behavior::healthy(&[PORT]));
+    let first = pulled(&w, 2).await.unwrap();
+    let old_id = first.desired.spec.image_id.clone().unwrap();
+    converge(&w, &first).await.unwrap();
+    // Pulling again while the tag stays is no change at all.
+    assert_eq!(
+        pulled(&w, 2).await.unwrap().desired.hash,
+        first.desired.hash
+    );
+
+    let new_id = w.engine.push(EDGE, Behavior::healthy(&[PORT]));
+    let moved = pulled(&w, 2).await.unwrap();
+    assert_ne!(
+        moved.desired.hash, first.desired.hash,
+        "the hash follows the image ID"
+    );
+    let plan = w.host.diff(std::slice::from_ref(&moved)).await.unwrap();
+    assert_eq!(plan.summary().replace, 2, "{plan}");
+    let shown = plan.to_string();
+    assert!(
+        shown.contains(&format!(
+            "image {EDGE}: {} -> {}",
+            crate::plan::short_image_id(&old_id),
+            crate::plan::short_image_id(&new_id)
+        )),
+        "{shown}"
+    );
+
+    // Slot 1's new replica fails: slot 0 goes back to the image it ran, by ID, although the
+    // tag names the new one now.
+    w.engine.fail_once(
+        &format!("start berth-edge-1-{}", &moved.desired.hash[..8]),
+        "boom",
+    );
+    converge(&w, &moved).await.unwrap_err();
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), old_id.clone()), ("1".into(), EDGE.into())]
+    );
+    assert_eq!(image_ids(&w), vec![old_id.clone(), old_id.clone()]);
+
+    converge(&w, &moved).await.unwrap();
+    assert_eq!(
+        images(&w),
+        vec![("0".into(), EDGE.into()), ("1".into(), EDGE.into())]
+    );
+    assert_eq!(image_ids(&w), vec![new_id.clone(), new_id]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_failed_pull_is_the_answer_before_anything_changes() {
+    let w = world();
+    w.engine.add_image(EDGE, Behavior::healthy(&[PORT]));
+    converge(&w, &pulled(&w, 1).await.unwrap()).await.unwrap();
+    let before = w.engine.containers();
+    w.engine.push(EDGE, Behavior::healthy(&[PORT]));
+    w.engine
+        .fail_pulls(Some(crate::engine::PullFailure::Unauthorized));
+    let err = pulled(&w, 1).await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(EDGE) && text.contains("registry.test:5000"),
+        "{text}"
+    );
+    assert!(
+        text.contains("unauthorized") && text.contains("docker login"),
+        "{text}"
+    );
+    assert!(!err.is_transient(), "credentials wait for a change");
+    assert_eq!(w.engine.containers(), before);
+}

@@ -21,6 +21,7 @@ pub(super) fn envoy_proxy(at: Node<'_>) -> Result<ir::EnvoyProxy> {
         logging: ir::Logging::default(),
         shutdown: ir::Shutdown::default(),
         bootstrap: None,
+        pull: Default::default(),
     };
     if at.value.is_null() {
         return Ok(out);

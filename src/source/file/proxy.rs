@@ -22,6 +22,7 @@ const PROXY_KEYS: &[&str] = &[
     "name",
     "namespace",
     "image",
+    "pull",
     "replicas",
     "concurrency",
     "log_level",
@@ -144,6 +145,23 @@ fn proxy(
         }
         None => DEFAULT_IMAGE.to_string(),
     };
+    let pull = match t.str(cx, "pull") {
+        None => ir::PullPolicy::default(),
+        Some(s) => match s.v {
+            "missing" => ir::PullPolicy::Missing,
+            "always" => ir::PullPolicy::Always,
+            other => {
+                s.err(
+                    cx,
+                    format!(
+                        "must be \"missing\" (pull only when no local image has the name; the default, as in compose) or \"always\" (ask the registry on every up and serve's tag checks), got {}",
+                        show(other)
+                    ),
+                );
+                ir::PullPolicy::default()
+            }
+        },
+    };
     let replicas = t
         .int(cx, "replicas", 1, MAX_REPLICAS)
         .map_or(1, |r| r.v as u32);
@@ -160,6 +178,7 @@ fn proxy(
         logging: logging(cx, t),
         shutdown: shutdown(cx, t),
         bootstrap: bootstrap(cx, t),
+        pull,
     };
     let metadata = ir::InfraMetadata {
         labels: labels(cx, t, "labels"),
