@@ -306,7 +306,7 @@ pub enum EngineError {
     Timeout { what: String, timeout: Duration },
     /// A pull failed: the registry refused it, has no such image, or cannot be reached.
     #[error(transparent)]
-    Pull(#[from] PullError),
+    Pull(PullError),
 }
 
 /// Why a pull failed, as far as the engine's words tell.
