@@ -367,6 +367,11 @@ pub(super) async fn status(cli: &Cli) -> Result<()> {
             .map(|t| t.desired.replicas);
         status::live_ready(&mut p.conditions, &rows, name, wanted);
     }
+    let certificates = status::certificates::delivered(
+        &crate::state::StateDir::at(&resolved.state_dir),
+        &proxies,
+        std::time::SystemTime::now(),
+    );
     if cli.output == Output::Json {
         let proxies = record.map(|r| r.proxies).unwrap_or_default();
         println!(
@@ -374,6 +379,7 @@ pub(super) async fn status(cli: &Cli) -> Result<()> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "replicas": rows,
                 "proxies": proxies,
+                "certificates": certificates,
             }))?
         );
         return Ok(());
@@ -389,6 +395,9 @@ pub(super) async fn status(cli: &Cli) -> Result<()> {
     }
     if let Some(record) = record.filter(|r| !r.proxies.is_empty()) {
         println!("\n{}", status::proxies_table(&record));
+    }
+    if !certificates.is_empty() {
+        println!("\n{}", status::certificates::table(&certificates));
     }
     Ok(())
 }

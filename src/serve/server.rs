@@ -153,6 +153,10 @@ pub struct ReplicaStatus {
 #[serde(rename_all = "camelCase")]
 pub struct CertificateStatus {
     pub listener: String,
+    /// The SNI names choosing it; empty for the listener's default certificate.
+    pub server_names: Vec<String>,
+    /// The names it is for (subjectAltName, else common name).
+    pub names: Vec<String>,
     pub file: PathBuf,
     pub subject: String,
     /// Lowercase hex, as Envoy's admin `/certs`.
@@ -170,6 +174,8 @@ impl From<&crate::certificates::Certificate> for CertificateStatus {
         let at = std::time::UNIX_EPOCH + std::time::Duration::from_secs(c.not_after.max(0) as u64);
         CertificateStatus {
             listener: c.listener.clone(),
+            server_names: c.server_names.clone(),
+            names: c.names.clone(),
             file: c.cert_file.clone(),
             subject: c.subject.clone(),
             serial: c.serial.clone(),
@@ -312,6 +318,7 @@ async fn metrics(shared: &Shared) -> String {
                 &[
                     ("proxy", t.name()),
                     ("listener", &c.listener),
+                    ("secret", &c.secret),
                     ("serial", &c.serial),
                 ],
                 c.not_after as f64,

@@ -2,6 +2,7 @@
 //! readiness probe), and what `berth serve` records per proxy ([`record`]); the tables both
 //! are shown as.
 
+pub mod certificates;
 pub mod record;
 pub mod xds;
 
