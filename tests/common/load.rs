@@ -108,7 +108,21 @@ impl Load {
     /// Like [`Load::start`] over HTTPS (any server certificate accepted, SNI "localhost");
     /// each connection sends 20 requests, then a new handshake follows.
     pub fn start_tls(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
-        let tls = Some(super::tls::connector());
+        Load::start_tls_named(port, path, connections, max_time, "localhost")
+    }
+
+    /// Like [`Load::start_tls`] with `name` as SNI and Host header.
+    pub fn start_tls_named(
+        port: u16,
+        path: &str,
+        connections: usize,
+        max_time: Duration,
+        name: &str,
+    ) -> Load {
+        let tls = Some(Tls {
+            connector: super::tls::connector(),
+            name: name.to_string(),
+        });
         Load::spawn(port, path, connections, max_time, false, tls)
     }
 
@@ -124,7 +138,7 @@ impl Load {
         connections: usize,
         max_time: Duration,
         close: bool,
-        tls: Option<tokio_rustls::TlsConnector>,
+        tls: Option<Tls>,
     ) -> Load {
         let now = Instant::now();
         let shared = Arc::new(Shared {
@@ -207,6 +221,13 @@ fn record_timeout(shared: &Shared, what: &str) {
     );
 }
 
+/// A TLS client and the name it sends (SNI and Host).
+#[derive(Clone)]
+struct Tls {
+    connector: tokio_rustls::TlsConnector,
+    name: String,
+}
+
 /// Opens a keep-alive HTTP/1.1 connection, within [`REQUEST_TIMEOUT`].
 /// A plain or TLS stream.
 trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
@@ -216,7 +237,7 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for 
 async fn connect(
     port: u16,
     shared: &Shared,
-    tls: Option<&tokio_rustls::TlsConnector>,
+    tls: Option<&Tls>,
 ) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
     let open = async {
         let stream = TcpStream::connect(("127.0.0.1", port))
@@ -226,7 +247,8 @@ async fn connect(
         let stream: Box<dyn Stream> = match tls {
             None => Box::new(stream),
             Some(tls) => Box::new(
-                tls.connect(super::tls::localhost(), stream)
+                tls.connector
+                    .connect(super::tls::server_name(&tls.name), stream)
                     .await
                     .map_err(|e| format!("tls handshake: {e}"))?,
             ),
@@ -260,7 +282,7 @@ async fn client(
     shared: Arc<Shared>,
     deadline: Instant,
     close: bool,
-    tls: Option<tokio_rustls::TlsConnector>,
+    tls: Option<Tls>,
 ) {
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
         let Some(mut sender) = connect(port, &shared, tls.as_ref()).await else {
@@ -278,7 +300,8 @@ async fn client(
                 // close`): not a failed request, open a new connection.
                 continue 'connection;
             }
-            let mut request = hyper::Request::get(path.as_str()).header("host", "localhost");
+            let host = tls.as_ref().map_or("localhost", |t| t.name.as_str());
+            let mut request = hyper::Request::get(path.as_str()).header("host", host);
             if close {
                 request = request.header("connection", "close");
             }

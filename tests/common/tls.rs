@@ -57,18 +57,27 @@ pub fn connector() -> tokio_rustls::TlsConnector {
 }
 
 pub fn localhost() -> ServerName<'static> {
-    ServerName::try_from("localhost").unwrap()
+    server_name("localhost")
+}
+
+pub fn server_name(name: &str) -> ServerName<'static> {
+    ServerName::try_from(name.to_string()).unwrap()
 }
 
 /// The serial (lowercase hex, no leading zeros) of the certificate one new connection to
 /// 127.0.0.1:port is served.
 pub async fn served_serial(port: u16) -> Result<String, String> {
+    served_serial_for(port, "localhost").await
+}
+
+/// [`served_serial`] with `name` as SNI.
+pub async fn served_serial_for(port: u16, name: &str) -> Result<String, String> {
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let tls = tokio::time::timeout(
         Duration::from_secs(5),
-        connector().connect(localhost(), stream),
+        connector().connect(server_name(name), stream),
     )
     .await
     .map_err(|_| "handshake timed out".to_string())?
@@ -109,9 +118,14 @@ pub async fn served_by_name(port: u16, name: &str) -> Result<(String, String), S
 
 /// The serials `n` new connections are served (replicas are picked by the kernel).
 pub async fn served_serials(port: u16, n: usize) -> Vec<String> {
+    served_serials_for(port, "localhost", n).await
+}
+
+/// [`served_serials`] with `name` as SNI.
+pub async fn served_serials_for(port: u16, name: &str, n: usize) -> Vec<String> {
     let mut out = Vec::new();
     for _ in 0..n {
-        out.push(served_serial(port).await.unwrap_or_else(|e| e));
+        out.push(served_serial_for(port, name).await.unwrap_or_else(|e| e));
     }
     out.sort();
     out.dedup();
@@ -121,7 +135,12 @@ pub async fn served_serials(port: u16, n: usize) -> Vec<String> {
 /// A self-signed certificate for localhost with `serial`, valid between the two years, and its
 /// key (PEM).
 pub fn pair(serial: u64, from_year: i32, to_year: i32) -> (String, String) {
-    let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+    pair_for("localhost", serial, from_year, to_year)
+}
+
+/// [`pair`] for another DNS name.
+pub fn pair_for(name: &str, serial: u64, from_year: i32, to_year: i32) -> (String, String) {
+    let mut params = rcgen::CertificateParams::new(vec![name.into()]).unwrap();
     params.not_before = rcgen::date_time_ymd(from_year, 1, 1);
     params.not_after = rcgen::date_time_ymd(to_year, 1, 1);
     params.serial_number = Some(rcgen::SerialNumber::from(serial));
