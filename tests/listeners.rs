@@ -97,8 +97,7 @@ fn ss_listening(port: u16) -> Vec<String> {
 }
 
 fn ws_config(fleet: &Fleet, image: &str, echo: u16, v6_port: Option<u16>) -> String {
-    // TCP: a second HTTP listener on one proxy is refused by Envoy's file-based RDS today (one
-    // rds.yaml holds every route configuration); see the dpl note.
+    // A TCP listener on [::1] to the same echo server: the WebSocket passes through it too.
     let v6 = v6_port.map_or(String::new(), |p| {
         format!(
             r#"
