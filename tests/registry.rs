@@ -344,6 +344,53 @@ async fn images_from_a_private_registry_pull_with_the_clients_credentials_and_a_
     assert_eq!(image_id(image), new_id, "pulled through the helper");
     assert_eq!(fleet.ids().await, before, "an unmoved tag changes nothing");
 
+    // serve pulls on its resync: the tag moves back to the first build and serve rolls the
+    // replicas to it, under load, with no failed request. serve reads DOCKER_CONFIG from its
+    // environment (this test binary has no other test).
+    std::env::set_var("DOCKER_CONFIG", config.path());
+    let serve = common::serve::Serve::start(
+        &fleet.config(),
+        &fleet.state(),
+        &fleet.cleanup,
+        &["--resync", "2s"],
+    );
+    let load = fleet.load();
+    common::fleet::settle().await;
+    registry.push(OLD, config.path());
+    let pushed = Instant::now();
+    loop {
+        let ids: Vec<Option<String>> = fleet
+            .replicas()
+            .await
+            .iter()
+            .filter(|c| c.state == berth::engine::RunState::Running)
+            .map(|c| c.image_id().map(str::to_string))
+            .collect();
+        if ids == vec![Some(old_id.clone()), Some(old_id.clone())] {
+            break;
+        }
+        assert!(
+            pushed.elapsed() < Duration::from_secs(90),
+            "serve did not roll the moved tag out: {ids:?}\n{}",
+            serve.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let picked_up = pushed.elapsed();
+    common::fleet::settle().await;
+    let serve_report = load.stop().await;
+    assert_no_failures("re-tag rollout by serve", &serve_report);
+    let log = serve.log_text();
+    assert!(log.contains("the tag names another image now"), "{log}");
+    assert!(!log.contains(&registry.password), "the password was logged");
+    drop(serve);
+
+    eprintln!(
+        "FIGURES registry: serve (resync 2s) had the moved tag rolled out {:.2}s after the push, {} failed of {} requests",
+        picked_up.as_secs_f64(),
+        serve_report.failed,
+        serve_report.ok + serve_report.failed
+    );
     eprintln!(
         "FIGURES registry: first up (pull through the registry + 2 replicas) {:.2}s; re-tag rollout of 2 replicas {:.2}s with {} failed of {} requests",
         first_up.as_secs_f64(),
