@@ -174,7 +174,8 @@ pub enum Command {
     /// release whose behaviour it follows (with that release's default Envoy image).
     Version,
 
-    /// Show one row per replica: state, readiness, image, spec, uptime, connections.
+    /// Show one row per replica: state, readiness, image, spec, uptime, connections; then the
+    /// listener certificates the replicas serve: SNI names, names, serial, expiry, days left.
     Status,
     /// Show what `up` would do, without doing it.
     ///
