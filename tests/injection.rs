@@ -224,7 +224,14 @@ fn render(text: &str) -> Result<Rendered, file::ConfigErrors> {
             .chain(rendered.xds.iter().map(|(k, v)| (k.as_str(), v)));
         for (name, content) in files {
             let doc: Value = serde_yaml::from_str(content).expect("rendered YAML parses");
-            key_paths(&doc, name.to_string(), &mut keys);
+            // Route files are named after their listener (`rds-<listener>.yaml`): the name is
+            // a DNS label, so a listener name may change the file name, never a key in it.
+            let file = if name.starts_with("rds-") {
+                "rds-<listener>.yaml"
+            } else {
+                name
+            };
+            key_paths(&doc, file.to_string(), &mut keys);
             strings(&doc, &mut all);
         }
     }
