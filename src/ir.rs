@@ -552,6 +552,42 @@ pub struct Backend {
     pub connect_timeout: Duration,
     #[serde(default)]
     pub health_check: Option<HealthCheck>,
+    /// The protocol Envoy speaks to the endpoints (HTTP routes only).
+    #[serde(default, skip_serializing_if = "BackendProtocol::is_http1")]
+    pub protocol: BackendProtocol,
+    /// TLS to the endpoints: verified against a CA, optionally with a client certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<BackendTls>,
+}
+
+/// What Envoy speaks to a backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendProtocol {
+    /// HTTP/1.1.
+    #[default]
+    Http1,
+    /// HTTP/2 (what gRPC needs): prior knowledge in cleartext, ALPN "h2" over TLS.
+    H2,
+}
+
+impl BackendProtocol {
+    pub fn is_http1(&self) -> bool {
+        *self == BackendProtocol::Http1
+    }
+}
+
+/// TLS from Envoy to a backend's endpoints.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackendTls {
+    /// PEM CA certificates the backend's certificate must chain to.
+    pub ca_file: PathBuf,
+    /// The server name sent (SNI) and required among the certificate's DNS names.
+    pub sni: String,
+    /// A client certificate to present (mTLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client: Option<TlsFiles>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 //!
 //! The files are laid out as a replica sees them (`layout`): the bootstrap directory, the
 //! watched xDS directory, the admin socket directory and self-signed TLS files (made with the
-//! `openssl` CLI) under `/etc/berth/tls/<listener or xds>/`. Needs Docker and
+//! `openssl` CLI) under `/etc/berth/tls/<listener, backend.<name> or xds>/`. Needs Docker and
 //! `scripts/envoy-image.sh` (run once per test process; fast when the image exists).
 
 use std::path::{Path, PathBuf};
@@ -110,17 +110,24 @@ fn lay_out(proxy: &ProxyInfra, rendered: &Rendered) -> tempfile::TempDir {
     std::fs::create_dir_all(root.join("run")).unwrap();
     // TLS material for every owner that might need it: each listener, and the xDS client.
     let (cert, key) = cert();
-    let mut owners: Vec<&str> = proxy.listeners.iter().map(|l| l.name.as_str()).collect();
-    let secrets: Vec<String> = match &proxy.routing {
-        Routing::Standalone(s) => s
-            .listeners
-            .iter()
-            .flat_map(|l| l.certificates())
-            .map(|c| c.secret)
-            .collect(),
-        Routing::Xds(_) => vec!["xds".to_string()],
-    };
-    owners.extend(secrets.iter().map(String::as_str));
+    let mut owners: Vec<String> = proxy.listeners.iter().map(|l| l.name.clone()).collect();
+    match &proxy.routing {
+        Routing::Standalone(s) => {
+            owners.extend(
+                s.listeners
+                    .iter()
+                    .flat_map(|l| l.certificates())
+                    .map(|c| c.secret),
+            );
+            owners.extend(
+                s.backends
+                    .iter()
+                    .filter(|b| b.tls.is_some())
+                    .map(|b| berth::render::view::backend_tls_owner(&b.name)),
+            );
+        }
+        Routing::Xds(_) => owners.push("xds".to_string()),
+    }
     for owner in owners {
         write(&format!("tls/{owner}/cert.pem"), cert);
         write(&format!("tls/{owner}/key.pem"), key);

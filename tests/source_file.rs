@@ -136,6 +136,8 @@ fn quickstart_is_exactly_this_ir() {
                     lb_policy: LbPolicy::RoundRobin,
                     connect_timeout: Duration::from_secs(5),
                     health_check: None,
+                    protocol: BackendProtocol::Http1,
+                    tls: None,
                 }],
             }),
             service_cluster: None,
@@ -625,4 +627,96 @@ fn the_examples_roundtrip_through_json() {
         let back: Infra = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c.infra, "{name}");
     }
+}
+
+#[test]
+fn backend_protocol_and_tls() {
+    let text = r#"
+[[proxy]]
+name = "t"
+[[proxy.listener]]
+name = "web"
+port = 10998
+protocol = "http"
+[[proxy.listener.route]]
+path_prefix = "/"
+backend = "grpc"
+[[proxy.backend]]
+name = "grpc"
+endpoints = ["grpc.internal:8443", "grpc.internal:8444"]
+protocol = "h2"
+tls = { ca_file = "certs/cert.pem", cert_file = "certs/cert.pem", key_file = "certs/key.pem" }
+[[proxy.backend]]
+name = "plain"
+endpoints = ["127.0.0.1:1"]
+"#;
+    let c = parse_in(&examples_dir(), text).unwrap();
+    let s = standalone(&c.infra.proxies[0]);
+    let grpc = s.backend("grpc").unwrap();
+    assert_eq!(grpc.protocol, BackendProtocol::H2);
+    let tls = grpc.tls.clone().unwrap();
+    assert_eq!(
+        tls.sni, "grpc.internal",
+        "the SNI defaults to the one DNS name"
+    );
+    assert_eq!(tls.ca_file, examples_dir().join("certs/cert.pem"));
+    assert_eq!(
+        tls.client,
+        Some(TlsFiles {
+            cert_file: examples_dir().join("certs/cert.pem"),
+            key_file: examples_dir().join("certs/key.pem"),
+        })
+    );
+    let plain = s.backend("plain").unwrap();
+    assert_eq!(
+        (plain.protocol, plain.tls.clone()),
+        (BackendProtocol::Http1, None)
+    );
+    assert!(c.files.contains(&examples_dir().join("certs/key.pem")));
+
+    let errs = errors(
+        r#"
+[[proxy]]
+name = "t"
+[[proxy.listener]]
+name = "web"
+port = 10998
+protocol = "http"
+[[proxy.listener.route]]
+path_prefix = "/"
+timeout = "0s"
+backend = "a"
+[[proxy.backend]]
+name = "a"
+endpoints = ["127.0.0.1:1"]
+protocol = "http2"
+tls = { ca_file = "certs/key.pem", cert_file = "certs/cert.pem", verify = false }
+[[proxy.backend]]
+name = "b"
+endpoints = ["127.0.0.1:1"]
+tls = { ca_file = "certs/cert.pem", sni = "10.0.0.1" }
+"#,
+    );
+    let shown: Vec<String> = errs.iter().map(|e| e.to_string()).collect();
+    assert_eq!(
+        positions(&errs),
+        vec![
+            (15, 12, "proxy[0].backend[0].protocol"),
+            (16, 7, "proxy[0].backend[0].tls.sni"),
+            (16, 19, "proxy[0].backend[0].tls.ca_file"),
+            (16, 36, "proxy[0].backend[0].tls.key_file"),
+            (16, 66, "proxy[0].backend[0].tls.verify"),
+            (20, 43, "proxy[0].backend[1].tls.sni"),
+        ],
+        "{shown:#?}"
+    );
+    assert!(shown[0].contains("http1, h2"), "{}", shown[0]);
+    assert!(shown[1].contains("is required when"), "{}", shown[1]);
+    assert!(shown[2].contains("not a PEM certificate"), "{}", shown[2]);
+    assert!(
+        shown[3].contains("is required with cert_file"),
+        "{}",
+        shown[3]
+    );
+    assert!(shown[5].contains("not an IP address"), "{}", shown[5]);
 }

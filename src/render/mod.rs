@@ -50,6 +50,7 @@ const CDS: &str = "cds.yaml.tera";
 const SDS_CERT: &str = "sds-xds-certificate.yaml.tera";
 const SDS_CA: &str = "sds-xds-trusted-ca.yaml.tera";
 const SDS_LISTENER: &str = "sds-listener.yaml.tera";
+const SDS_BACKEND: &str = "sds-backend.yaml.tera";
 
 /// The builtin templates, by name.
 const BUILTIN: &[(&str, &str)] = &[
@@ -71,6 +72,10 @@ const BUILTIN: &[(&str, &str)] = &[
     (
         SDS_LISTENER,
         include_str!("../../templates/sds-listener.yaml.tera"),
+    ),
+    (
+        SDS_BACKEND,
+        include_str!("../../templates/sds-backend.yaml.tera"),
     ),
 ];
 
@@ -154,7 +159,8 @@ impl Renderer {
         self.render_with_certificates(proxy, &BTreeMap::new())
     }
 
-    /// Renders one proxy; `versions` names each TLS listener's checked certificate copy.
+    /// Renders one proxy; `versions` names each TLS listener's checked certificate copy (and,
+    /// under [`view::backend_tls_owner`], each TLS backend's).
     pub fn render_with_certificates(
         &self,
         proxy: &ir::ProxyInfra,
@@ -188,6 +194,10 @@ impl Renderer {
         for secret in &view.secrets {
             ctx.insert("secret", &secret.tls);
             xds.insert(secret.file.clone(), self.render_one(SDS_LISTENER, &ctx)?);
+        }
+        for secret in &view.backend_secrets {
+            ctx.insert("secret", secret);
+            xds.insert(secret.file.clone(), self.render_one(SDS_BACKEND, &ctx)?);
         }
         Ok(Rendered { bootstrap, xds })
     }
@@ -356,6 +366,18 @@ mod tests {
                 backends: ["backend-a", "backend-b"]
                     .iter()
                     .map(|b| Backend {
+                        protocol: match *b {
+                            "backend-a" => BackendProtocol::H2,
+                            _ => BackendProtocol::Http1,
+                        },
+                        tls: (*b == "backend-a").then(|| BackendTls {
+                            ca_file: "/ca".into(),
+                            sni: s("sni"),
+                            client: Some(TlsFiles {
+                                cert_file: "/c".into(),
+                                key_file: "/k".into(),
+                            }),
+                        }),
                         name: s(b),
                         endpoints: vec![Endpoint {
                             host: s(&format!("{b}-host")),
@@ -412,6 +434,7 @@ mod tests {
         "redirect-host",
         "redirect-path",
         "retry-on",
+        "sni",
     ];
 
     const HOSTILE: &[&str] = &[
@@ -499,28 +522,37 @@ mod tests {
                     .render(&fixture(&make))
                     .unwrap_or_else(|e| panic!("render with {h:?}: {e:#}"));
                 let hostile_files = files(&rendered);
-                // Listener secret and route files are named after the listener (by a digest
+                // Secret and route files are named after the listener or backend (by a digest
                 // of an unusual name).
-                let names = |f: &BTreeMap<String, serde_yaml::Value>| -> Vec<String> {
-                    f.keys()
-                        .map(|k| {
-                            if k.starts_with("sds-") && !k.starts_with("sds-xds") {
+                let named = |f: &BTreeMap<String, serde_yaml::Value>| {
+                    let named: BTreeMap<String, serde_yaml::Value> = f
+                        .iter()
+                        .map(|(k, v)| {
+                            let k = if let Some(rest) = k.strip_prefix("sds-backend.") {
+                                let kind = rest.trim_end_matches(".yaml").rsplit('.').next();
+                                format!("sds-backend.<backend>.{}", kind.unwrap_or(""))
+                            } else if k.starts_with("sds-") && !k.starts_with("sds-xds") {
                                 "sds-<listener>".to_string()
                             } else if k.starts_with("rds-") {
                                 "rds-<listener>".to_string()
                             } else {
                                 k.clone()
-                            }
+                            };
+                            (k, v.clone())
                         })
-                        .collect()
+                        .collect();
+                    assert_eq!(named.len(), f.len(), "{:?}", f.keys());
+                    named
                 };
-                assert_eq!(names(&benign), names(&hostile_files));
+                let (benign_named, hostile_named) = (named(&benign), named(&hostile_files));
+                assert_eq!(
+                    benign_named.keys().collect::<Vec<_>>(),
+                    hostile_named.keys().collect::<Vec<_>>()
+                );
                 let mut all_strings = BTreeSet::new();
-                let benign_named: BTreeMap<String, &serde_yaml::Value> =
-                    names(&benign).into_iter().zip(benign.values()).collect();
-                for (name, doc) in names(&hostile_files).iter().zip(hostile_files.values()) {
+                for (name, doc) in &hostile_named {
                     let (mut want, mut got) = (BTreeSet::new(), BTreeSet::new());
-                    key_paths(benign_named[name], "", &mut want);
+                    key_paths(&benign_named[name], "", &mut want);
                     key_paths(doc, "", &mut got);
                     assert_eq!(want, got, "{name}: keys differ with value {h:?}");
                     strings(doc, &mut all_strings);

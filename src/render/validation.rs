@@ -8,7 +8,8 @@
 //! the real Envoy. Validate mode only checks that SDS secret files exist and never reads them
 //! (nor static secrets), so each file-based SDS reference (`tls_certificate_sds_secret_configs`,
 //! `validation_context_sds_secret_config`) is replaced by the secret it names, inline: then
-//! Envoy parses the secret and loads the certificate files it names. Mount the TLS files.
+//! Envoy parses the secret and loads the certificate files it names (listeners' certificates,
+//! backends' CAs and client certificates alike). Mount the TLS files.
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{Map, Value};
@@ -49,6 +50,10 @@ pub fn validation_bootstrap(rendered: &Rendered) -> Result<String> {
     inline_sds(&mut boot, &secrets)?;
     for l in &mut listeners {
         inline_sds(l, &secrets)?;
+    }
+    let mut clusters = clusters;
+    for c in &mut clusters {
+        inline_sds(c, &secrets)?;
     }
     let Some(root) = boot.as_object_mut() else {
         bail!("the rendered bootstrap is not a YAML mapping");

@@ -34,6 +34,8 @@ pub struct Ctx {
     pub clusters: Vec<ClusterView>,
     /// Standalone: one SDS secret per TLS listener.
     pub secrets: Vec<SecretView>,
+    /// Standalone: the SDS secrets of backends' TLS (a CA, a client certificate).
+    pub backend_secrets: Vec<BackendSecretView>,
 }
 
 #[derive(Debug, Serialize)]
@@ -224,6 +226,62 @@ pub struct ClusterView {
     pub connect_timeout: String,
     pub endpoints: Vec<EndpointView>,
     pub health_check: Option<HealthCheckView>,
+    /// HTTP/2 to the endpoints (prior knowledge, or ALPN "h2" over TLS).
+    pub http2: bool,
+    pub tls: Option<UpstreamTlsView>,
+}
+
+/// TLS to a backend: the secrets live in the watched directory, so they rotate live.
+#[derive(Debug, Serialize)]
+pub struct UpstreamTlsView {
+    pub sni: String,
+    pub alpn: Vec<&'static str>,
+    /// The validation context (CA and the SAN to match).
+    pub ca: SdsRef,
+    /// The client certificate, for backends that require one.
+    pub client: Option<SdsRef>,
+}
+
+/// A secret read from a file in the watched directory.
+#[derive(Debug, Serialize, Clone)]
+pub struct SdsRef {
+    pub name: String,
+    pub sds: String,
+}
+
+/// One backend secret file: a validation context (`kind` "ca": `ca`, `san`) or a client
+/// certificate (`kind` "client": `cert`, `key`).
+#[derive(Debug, Serialize)]
+pub struct BackendSecretView {
+    pub file: String,
+    pub kind: &'static str,
+    pub name: String,
+    pub ca: Option<String>,
+    pub san: Option<String>,
+    pub cert: Option<String>,
+    pub key: Option<String>,
+}
+
+/// The directory (under the state's and the container's `tls/`) of a backend's TLS files,
+/// and the key of its version in the map [`build`] takes. Listener names (DNS labels) never
+/// contain a dot, so the two never meet.
+pub fn backend_tls_owner(backend: &str) -> String {
+    format!("backend.{backend}")
+}
+
+/// The watched-directory file of a backend secret (`kind` "ca" or "client").
+pub fn backend_secret_file(backend: &str, kind: &str) -> String {
+    let plain = !backend.is_empty()
+        && backend
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_'));
+    if plain {
+        format!("sds-backend.{backend}.{kind}.yaml")
+    } else {
+        use sha2::Digest;
+        let digest = hex::encode(sha2::Sha256::digest(backend.as_bytes()));
+        format!("sds-backend.{}.{kind}.yaml", &digest[..16])
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -317,6 +375,7 @@ pub fn build(proxy: &ir::ProxyInfra, versions: &BTreeMap<String, String>) -> Res
         route_configs: vec![],
         clusters: vec![],
         secrets: vec![],
+        backend_secrets: vec![],
     };
     match &proxy.routing {
         Routing::Xds(x) => {
@@ -516,7 +575,17 @@ fn standalone(
                                     }
                                 }
                             }
-                            v.timeout = rt.timeout.map(duration);
+                            // Envoy's default 15 s would cut every gRPC stream that lasts
+                            // longer; h2 backends get none unless the route sets one.
+                            let all_h2 = backends.iter().all(|b| {
+                                s.backend(&b.name)
+                                    .is_some_and(|b| b.protocol == ir::BackendProtocol::H2)
+                            });
+                            v.timeout = match rt.timeout {
+                                Some(t) => Some(duration(t)),
+                                None if all_h2 => Some(duration(Duration::ZERO)),
+                                None => None,
+                            };
                             v.retry = rt.retries.as_ref().map(|r| RetryView {
                                 retry_on: (!r.on.is_empty()).then(|| r.on.join(",")),
                                 num_retries: r.attempts,
@@ -588,9 +657,70 @@ fn standalone(
                 healthy_threshold: h.healthy_threshold,
                 unhealthy_threshold: h.unhealthy_threshold,
             }),
+            http2: b.protocol == ir::BackendProtocol::H2,
+            tls: b
+                .tls
+                .as_ref()
+                .map(|t| backend_tls(b, t, versions, &mut ctx.backend_secrets)),
         });
     }
     Ok(())
+}
+
+/// A backend's upstream TLS view, pushing its secret files. `versions` names the checked
+/// copies by owner ([`backend_tls_owner`]); without one the files are `ca.pem`, `cert.pem`,
+/// `key.pem`.
+fn backend_tls(
+    b: &ir::Backend,
+    t: &ir::BackendTls,
+    versions: &BTreeMap<String, String>,
+    secrets: &mut Vec<BackendSecretView>,
+) -> UpstreamTlsView {
+    let owner = backend_tls_owner(&b.name);
+    let file = |stem: &str| match versions.get(&owner) {
+        Some(v) => layout::container_tls_file(&owner, &format!("{stem}-{v}.pem")),
+        None => layout::container_tls_file(&owner, &format!("{stem}.pem")),
+    };
+    let sds = |kind: &str| {
+        let file = backend_secret_file(&b.name, kind);
+        let r = SdsRef {
+            name: format!("{owner}.{kind}"),
+            sds: format!("{}/{file}", layout::CONTAINER_XDS_DIR),
+        };
+        (file, r)
+    };
+    let (ca_file, ca) = sds("ca");
+    secrets.push(BackendSecretView {
+        file: ca_file,
+        kind: "ca",
+        name: ca.name.clone(),
+        ca: Some(file("ca")),
+        san: Some(t.sni.clone()),
+        cert: None,
+        key: None,
+    });
+    let client = t.client.as_ref().map(|_| {
+        let (client_file, client) = sds("client");
+        secrets.push(BackendSecretView {
+            file: client_file,
+            kind: "client",
+            name: client.name.clone(),
+            ca: None,
+            san: None,
+            cert: Some(file("cert")),
+            key: Some(file("key")),
+        });
+        client
+    });
+    UpstreamTlsView {
+        sni: t.sni.clone(),
+        alpn: match b.protocol {
+            ir::BackendProtocol::H2 => vec!["h2"],
+            ir::BackendProtocol::Http1 => vec!["http/1.1"],
+        },
+        ca,
+        client,
+    }
 }
 
 #[cfg(test)]

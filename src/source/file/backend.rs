@@ -16,7 +16,11 @@ pub(super) const BACKEND_KEYS: &[&str] = &[
     "lb_policy",
     "connect_timeout",
     "health_check",
+    "protocol",
+    "tls",
 ];
+const BACKEND_TLS_KEYS: &[&str] = &["ca_file", "sni", "cert_file", "key_file"];
+const PROTOCOLS: &[&str] = &["http1", "h2"];
 const HEALTH_KEYS: &[&str] = &[
     "path",
     "interval",
@@ -120,12 +124,99 @@ pub(super) fn backend(cx: &mut Ctx, t: &Tbl, names: &mut BTreeMap<String, Span>)
             unhealthy_threshold: threshold(cx, "unhealthy_threshold", 3),
         }
     });
+    let protocol = match t.str(cx, "protocol") {
+        None => ir::BackendProtocol::Http1,
+        Some(s) => match s.v {
+            "http1" => ir::BackendProtocol::Http1,
+            "h2" => ir::BackendProtocol::H2,
+            other => {
+                s.err(
+                    cx,
+                    format!(
+                        "must be one of {} (h2 for gRPC); got {}",
+                        PROTOCOLS.join(", "),
+                        show(other)
+                    ),
+                );
+                ir::BackendProtocol::Http1
+            }
+        },
+    };
+    let tls = t
+        .sub(cx, "tls", BACKEND_TLS_KEYS)
+        .map(|tls| backend_tls(cx, &tls, &endpoints));
     ir::Backend {
         name: name.v,
         endpoints,
         lb_policy,
         connect_timeout,
         health_check,
+        protocol,
+        tls,
+    }
+}
+
+/// `tls = { ca_file, sni, cert_file, key_file }`: the CA is required (replicas have no system
+/// trust store), the SNI defaults to the endpoints' one DNS name, the client pair is optional
+/// but whole.
+fn backend_tls(cx: &mut Ctx, t: &Tbl, endpoints: &[ir::Endpoint]) -> ir::BackendTls {
+    let ca_file = pem(cx, t, "ca_file", "CERTIFICATE");
+    let names: std::collections::BTreeSet<&str> = endpoints
+        .iter()
+        .filter(|e| !e.is_ip())
+        .map(|e| e.host.as_str())
+        .collect();
+    let sni = match t.str(cx, "sni") {
+        Some(s) => {
+            if let Err(m) = check::host(s.v).and_then(|()| match s.v.parse::<std::net::IpAddr>() {
+                Ok(_) => Err(format!(
+                    "must be a DNS name (the name the backend's certificate carries), not an IP address; got {}",
+                    show(s.v)
+                )),
+                Err(_) => Ok(()),
+            }) {
+                s.err(cx, m);
+            }
+            s.v.to_string()
+        }
+        None => match (names.len(), names.iter().next()) {
+            (1, Some(only)) if endpoints.iter().all(|e| !e.is_ip()) => only.to_string(),
+            _ => {
+                cx.err(
+                    &t.span,
+                    &t.field("sni"),
+                    "is required when the endpoints are not all one DNS name: give the name the \
+                     backend's certificate carries, e.g. sni = \"api.internal\" (it is sent as \
+                     SNI and must be among the certificate's DNS names)",
+                );
+                String::new()
+            }
+        },
+    };
+    let client = match (t.get("cert_file"), t.get("key_file")) {
+        (None, None) => None,
+        (Some(_), None) | (None, Some(_)) => {
+            let (given, missing) = if t.get("cert_file").is_some() {
+                ("cert_file", "key_file")
+            } else {
+                ("key_file", "cert_file")
+            };
+            cx.err(
+                &t.key_span(given),
+                &t.field(missing),
+                format!("is required with {given}: a client certificate needs its certificate and its key"),
+            );
+            None
+        }
+        (Some(_), Some(_)) => Some(ir::TlsFiles {
+            cert_file: pem(cx, t, "cert_file", "CERTIFICATE"),
+            key_file: pem(cx, t, "key_file", "PRIVATE KEY"),
+        }),
+    };
+    ir::BackendTls {
+        ca_file,
+        sni,
+        client,
     }
 }
 

@@ -151,9 +151,10 @@ fn route(cx: &mut Ctx, t: &Tbl, refs: &mut Vec<BackendRef>) -> ir::Route {
             );
         }
     }
+    // "0s" turns Envoy's 15 s route timeout off (long gRPC or download streams).
     let timeout = t
         .get("timeout")
-        .map(|_| duration(cx, t, "timeout", Duration::ZERO, false));
+        .map(|_| duration(cx, t, "timeout", Duration::ZERO, true));
     ir::Route {
         matcher: ir::RouteMatch { path, headers },
         action,
