@@ -295,6 +295,68 @@ fn serial(x509: &x509_parser::certificate::X509Certificate<'_>) -> String {
     }
 }
 
+/// A CA bundle (a backend's trust anchors), checked: every block PEM X.509, valid now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CaBundle {
+    pub file: PathBuf,
+    /// Each certificate's serial, as [`Certificate::serial`].
+    pub serials: Vec<String>,
+    /// The earliest `notAfter` of the bundle, Unix seconds.
+    pub not_after: i64,
+    #[serde(skip)]
+    pub pem: Vec<u8>,
+}
+
+/// Reads a CA file and checks it: at least one PEM certificate, each valid X.509 and within
+/// its validity period (an expired CA would fail every handshake to the backend).
+pub fn check_ca(file: &Path, now: SystemTime) -> Result<CaBundle> {
+    let pem = std::fs::read(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let fail = |m: String| anyhow!("{}: {m}", file.display());
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<_, _>>()
+        .map_err(|e| fail(format!("not a PEM certificate file ({e})")))?;
+    if chain.is_empty() {
+        return Err(fail(
+            "not a PEM certificate file: no -----BEGIN CERTIFICATE----- block".into(),
+        ));
+    }
+    let now_s = now
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64);
+    let mut serials = Vec::new();
+    let mut not_after = i64::MAX;
+    for (i, der) in chain.iter().enumerate() {
+        let (_, x509) = x509_parser::parse_x509_certificate(der).map_err(|e| {
+            fail(format!(
+                "certificate {} of the file is not valid X.509 ({e})",
+                i + 1
+            ))
+        })?;
+        let validity = x509.validity();
+        let which = format!("certificate {} ({})", i + 1, x509.subject());
+        if now_s > validity.not_after.timestamp() {
+            return Err(fail(format!(
+                "{which} expired at {} (not_after)",
+                validity.not_after
+            )));
+        }
+        if now_s < validity.not_before.timestamp() {
+            return Err(fail(format!(
+                "{which} is not valid yet: not_before is {}",
+                validity.not_before
+            )));
+        }
+        serials.push(normalize_serial(&hex::encode(x509.raw_serial())));
+        not_after = not_after.min(validity.not_after.timestamp());
+    }
+    Ok(CaBundle {
+        file: file.to_path_buf(),
+        serials,
+        not_after,
+        pem,
+    })
+}
+
 /// A serial as Envoy's `/certs` prints it, comparable with [`Certificate::serial`].
 pub fn normalize_serial(serial: &str) -> String {
     let s: String = serial
@@ -310,14 +372,19 @@ pub fn normalize_serial(serial: &str) -> String {
     }
 }
 
-/// The serials of the certificates a replica serves, by secret (listener) name, from the admin
-/// `/certs` JSON. Envoy lists each TLS context's `cert_chain`; contexts from SDS carry no secret
-/// name, so every served serial is returned under "" too.
+/// The serials of the certificates a replica serves, from the admin `/certs` JSON: each TLS
+/// context's leaf (`cert_chain`, listeners' and backends' client certificates) and each
+/// certificate it trusts (`ca_cert`, backends' CAs). Contexts from SDS carry no secret name.
 pub fn served_serials(certs_json: &serde_json::Value) -> Vec<String> {
     let mut out = Vec::new();
     for c in certs_json["certificates"].as_array().into_iter().flatten() {
         for leaf in c["cert_chain"].as_array().into_iter().flatten().take(1) {
             if let Some(s) = leaf["serial_number"].as_str() {
+                out.push(normalize_serial(s));
+            }
+        }
+        for ca in c["ca_cert"].as_array().into_iter().flatten() {
+            if let Some(s) = ca["serial_number"].as_str() {
                 out.push(normalize_serial(s));
             }
         }

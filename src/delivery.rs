@@ -546,7 +546,8 @@ fn expected_versions(files: &BTreeMap<String, String>) -> BTreeMap<String, Optio
 
 /// The subscriptions (stat prefixes) the files define: LDS and CDS when their file exists,
 /// one RDS subscription per HTTP connection manager in `lds.yaml`, and one SDS subscription
-/// (`sds.<secret>`) per listener certificate secret it reads from a file here.
+/// (`sds.<secret>`) per secret a listener (`lds.yaml`) or a backend's cluster (`cds.yaml`)
+/// reads from a file here.
 pub fn subscriptions(files: &BTreeMap<String, String>) -> Vec<String> {
     subscription_files(files)
         .into_iter()
@@ -566,6 +567,12 @@ fn subscription_files(files: &BTreeMap<String, String>) -> Vec<(String, String)>
     if let Some(lds) = files.get(LDS_FILE) {
         if let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(lds) {
             collect_rds(&doc, &mut subs);
+            collect_sds(&doc, files, &mut subs);
+        }
+    }
+    // Backends' TLS secrets (CA, client certificate) are named by their clusters.
+    if let Some(cds) = files.get(CDS_FILE) {
+        if let Ok(doc) = serde_yaml::from_str::<serde_yaml::Value>(cds) {
             collect_sds(&doc, files, &mut subs);
         }
     }
@@ -994,6 +1001,18 @@ mod tests {
                 "http.web.rds.web".to_string(),
                 "listener_manager.lds".to_string()
             ]
+        );
+    }
+
+    #[test]
+    fn subscriptions_from_backend_tls_secrets() {
+        let cds = "resources:\n- name: api\n  transport_socket:\n    typed_config:\n      common_tls_context:\n        validation_context_sds_secret_config:\n          name: backend.api.ca\n          sds_config:\n            path_config_source:\n              path: /etc/berth/xds/sds-backend.api.ca.yaml\n";
+        let mut files = BTreeMap::from([(CDS_FILE.to_string(), cds.to_string())]);
+        assert_eq!(subscriptions(&files), ["cluster_manager.cds"]);
+        files.insert("sds-backend.api.ca.yaml".into(), "resources: []".into());
+        assert_eq!(
+            subscriptions(&files),
+            ["cluster_manager.cds", "sds.backend.api.ca"]
         );
     }
 

@@ -16,6 +16,7 @@
 
 pub mod acme;
 pub mod admin;
+pub mod backend_tls;
 pub mod certificates;
 pub mod cli;
 pub mod control;

@@ -159,6 +159,41 @@ impl StateDir {
         Ok(changed)
     }
 
+    /// Writes checked copies (name, content, mode) into `tls/<owner>/`, owned by the replica
+    /// user, each by an atomic rename, and removes the other `*.pem` files there unless `keep`
+    /// names them (the ones the watched files on disk still point at). Returns the files
+    /// written.
+    pub fn write_tls_copies(
+        &self,
+        proxy: &str,
+        owner: &str,
+        copies: &[(String, &[u8], u32)],
+        keep: &dyn Fn(&str) -> bool,
+    ) -> Result<Vec<String>> {
+        let dir = self.proxy(proxy).tls(owner);
+        create_dir(&dir, 0o755)?;
+        for entry in fs::read_dir(&dir)? {
+            let name = entry?.file_name().to_string_lossy().into_owned();
+            let wanted = copies.iter().any(|(n, _, _)| *n == name);
+            if (name.ends_with(".pem") && !wanted && !keep(&name)) || is_leftover_temp(&name) {
+                fs::remove_file(dir.join(&name))?;
+            }
+        }
+        let mut changed = Vec::new();
+        for (name, content, mode) in copies {
+            let path = dir.join(name);
+            if fs::read(&path).ok().as_deref() == Some(*content) {
+                continue;
+            }
+            write_atomic(&path, content, *mode)?;
+            let user = crate::replica::replica_user();
+            std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
+                .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
+            changed.push(format!("{owner}/{name}"));
+        }
+        Ok(changed)
+    }
+
     /// Reads the watched xDS files as they are on disk.
     pub fn read_xds(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
         let dir = self.proxy(proxy).xds();

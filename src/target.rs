@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::backend_tls::{self, BackendTlsFiles};
 use crate::certificates::{self, Certificate};
 use crate::ir::{Infra, ProxyInfra};
 use crate::render::{Rendered, Renderer};
@@ -17,6 +18,8 @@ pub struct Target {
     pub rendered: Rendered,
     /// The listener certificates, checked; their copies are what the rendered secrets name.
     pub certificates: Vec<Certificate>,
+    /// The backends' TLS files (CA, client certificate), checked likewise.
+    pub backend_tls: Vec<BackendTlsFiles>,
 }
 
 impl Target {
@@ -26,8 +29,9 @@ impl Target {
 }
 
 /// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates and
-/// the listener certificates (which are checked here, so a bad one changes nothing), and from
-/// the placeholder an ACME listener gets before its first certificate ([`crate::acme::locate`]).
+/// the listener certificates and backend TLS files (which are checked here, so a bad one
+/// changes nothing), and from the placeholder an ACME listener gets before its first
+/// certificate ([`crate::acme::locate`]).
 pub fn targets(
     infra: &Infra,
     renderer: &Renderer,
@@ -44,9 +48,12 @@ pub fn targets(
             let proxy = &proxy;
             let certificates = certificates::load(proxy, now)
                 .with_context(|| format!("proxy {}: listener certificates", proxy.name))?;
+            let backend_tls = backend_tls::load(proxy, now)
+                .with_context(|| format!("proxy {}: backend TLS files", proxy.name))?;
             let versions = certificates
                 .iter()
                 .map(|c| (c.secret.clone(), c.version.clone()))
+                .chain(backend_tls.iter().map(|b| (b.owner(), b.version.clone())))
                 .collect();
             let rendered = renderer
                 .render_with_certificates(proxy, &versions)
@@ -57,6 +64,7 @@ pub fn targets(
                 desired,
                 rendered,
                 certificates,
+                backend_tls,
             })
         })
         .collect()

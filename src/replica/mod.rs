@@ -392,6 +392,16 @@ pub fn desired_proxy(
             format!("{}/{owner}", layout::CONTAINER_TLS_DIR),
         ));
     }
+    // Backends' TLS files likewise, one directory per backend (new versions arrive by rename).
+    if let ir::Routing::Standalone(s) = &proxy.routing {
+        for b in s.backends.iter().filter(|b| b.tls.is_some()) {
+            let owner = crate::render::view::backend_tls_owner(&b.name);
+            mounts.push(ro(
+                dirs.tls(&owner),
+                format!("{}/{owner}", layout::CONTAINER_TLS_DIR),
+            ));
+        }
+    }
     mounts.sort();
     mounts.dedup();
 

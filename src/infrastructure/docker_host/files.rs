@@ -113,6 +113,14 @@ impl Run<'_> {
                 for cert in &target.certificates {
                     written.extend(self.state.write_certificate(name, cert, &keep)?);
                 }
+                for b in &target.backend_tls {
+                    written.extend(self.state.write_tls_copies(
+                        name,
+                        &b.owner(),
+                        &b.copies(),
+                        &keep,
+                    )?);
+                }
                 written
             }
         };
@@ -192,6 +200,7 @@ impl Run<'_> {
             .certificates
             .iter()
             .map(|c| c.serial.clone())
+            .chain(target.backend_tls.iter().flat_map(|b| b.serials()))
             .collect();
         match delivery::update(
             self.state,
