@@ -1,7 +1,8 @@
 //! Build-time code generation, all of it from protos compiled by `protox` (pure Rust), so
 //! building berth needs no `protoc`:
 //!
-//! - the Envoy Gateway remote-infrastructure gRPC code from `proto/remoteinfra/service.proto`;
+//! - the Envoy Gateway remote-infrastructure gRPC code from `proto/remoteinfra/service.proto`
+//!   (and the tests' echo service from `tests/proto/echo.proto`);
 //! - the descriptors of Envoy's `envoy.config.bootstrap.v3.Bootstrap` and every message it
 //!   reaches, from the data-plane-api protos that the `envoy-types` crate ships. berth merges a
 //!   user's bootstrap into its own with protobuf semantics ([`render::overrides`]), which needs
@@ -18,9 +19,12 @@ use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/remoteinfra/service.proto";
+    // The backend tests' gRPC echo service (generated beside it, included only by tests).
+    let test_proto = "tests/proto/echo.proto";
     println!("cargo:rerun-if-changed={proto}");
+    println!("cargo:rerun-if-changed={test_proto}");
     println!("cargo:rerun-if-changed=Cargo.lock");
-    let descriptors = protox::compile([proto], ["proto"])?;
+    let descriptors = protox::compile([proto, test_proto], ["proto", "tests/proto"])?;
     tonic_prost_build::configure()
         .build_client(true) // tests and `berth` tooling dial the service too
         .build_server(true)

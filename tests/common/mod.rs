@@ -12,6 +12,7 @@ pub mod host;
 pub mod load;
 pub mod serve;
 pub mod tls;
+pub mod upstream;
 pub mod xds;
 
 use std::collections::BTreeMap;
