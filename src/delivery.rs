@@ -25,9 +25,11 @@
 //! therefore goes in stages, each confirmed by every replica before the next: new and changed
 //! secrets and other files; clusters as the union of old and new; the new and changed route
 //! configurations (one file each: `rds-<listener>.yaml`); the new listeners; the route
-//! configurations no longer named; the new clusters; then the other files no longer wanted go. At every moment each replica's listeners name route
+//! configurations no longer named; the new clusters; then the other files no longer wanted go.
+//! At every moment each replica's listeners name route
 //! configurations it has, and its routes name clusters it has. Intermediate files are stamped
-//! `<generation>.<stage>`.
+//! `<generation>.<stage>`. A file whose only change is its stamp (every file of a new
+//! generation is restamped) goes with the last stage, so a route-only change is one stage.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -210,11 +212,18 @@ pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) ->
         .unwrap_or_default();
     let mut out = Vec::new();
     let mut disk = from.clone();
+    // Files whose only change is their stamp: the same resources, so no order matters for
+    // them. They ride along with the last stage instead of costing a confirmed stage each.
+    let mut restamped: BTreeMap<String, String> = BTreeMap::new();
     let mut step = |what: &'static str, write: BTreeMap<String, String>, remove: Vec<String>| {
-        let write: BTreeMap<String, String> = write
+        let (only_stamp, write): (BTreeMap<String, String>, BTreeMap<String, String>) = write
             .into_iter()
             .filter(|(n, c)| disk.get(n) != Some(c))
-            .collect();
+            .partition(|(n, c)| disk.get(n).is_some_and(|d| unstamped(d) == unstamped(c)));
+        for n in write.keys() {
+            restamped.remove(n);
+        }
+        restamped.extend(only_stamp);
         let remove: Vec<String> = remove
             .into_iter()
             .filter(|n| disk.contains_key(n))
@@ -289,6 +298,17 @@ pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) ->
         .cloned()
         .collect();
     step("files no longer used", BTreeMap::new(), unwanted);
+    restamped.retain(|n, c| disk.get(n) != Some(c));
+    if !restamped.is_empty() {
+        match out.last_mut() {
+            Some(last) => last.write.extend(restamped),
+            None => out.push(Stage {
+                what: "versions",
+                write: restamped,
+                remove: Vec::new(),
+            }),
+        }
+    }
     out
 }
 
@@ -886,7 +906,6 @@ mod tests {
             [
                 "clusters (old and new)",
                 "route configurations (old and new)",
-                "listeners",
                 "clusters"
             ]
         );
@@ -904,7 +923,10 @@ mod tests {
             stages[1].write[RDS_FILE], to[RDS_FILE],
             "routes switch in one go"
         );
-        assert_eq!(stages[3].write[CDS_FILE], to[CDS_FILE], "then `a` goes");
+        assert_eq!(stages[2].write[CDS_FILE], to[CDS_FILE], "then `a` goes");
+        // The listeners changed only their stamp: they ride along with the last stage.
+        assert_eq!(stages[2].write[LDS_FILE], to[LDS_FILE]);
+        assert!(!stages[..2].iter().any(|s| s.write.contains_key(LDS_FILE)));
         // Applying every stage ends exactly at `to`.
         let mut disk = from.clone();
         for s in &stages {
@@ -946,6 +968,38 @@ mod tests {
         );
         assert_eq!(stages[0].write.len(), 2);
         assert_eq!(stages[2].remove, ["rds.yaml"]);
+    }
+
+    /// A route-only change of a new generation is one stage: every other file changes only
+    /// its stamp and goes with it.
+    #[test]
+    fn a_route_only_change_is_one_stage() {
+        let with_route = |route: &str| {
+            let mut f = files();
+            f.insert(
+                RDS_FILE.to_string(),
+                format!("resources:\n- name: web\n  prefix: {route}\n"),
+            );
+            f.insert(
+                "sds-web.yaml".to_string(),
+                "resources: [cert]\n".to_string(),
+            );
+            f
+        };
+        let from = stamp(&with_route("/a"), 1);
+        let to = stamp(&with_route("/b"), 2);
+        let stages = stages(&from, &to);
+        assert_eq!(stages.len(), 1, "{stages:#?}");
+        assert_eq!(
+            stages[0].write, to,
+            "every file, the route and the new stamps"
+        );
+        // Only new stamps: one stage too.
+        let restamped = stamp(&with_route("/a"), 3);
+        let stages = super::stages(&from, &restamped);
+        assert_eq!(stages.len(), 1);
+        assert_eq!(stages[0].what, "versions");
+        assert_eq!(stages[0].write, restamped);
     }
 
     #[test]
