@@ -19,7 +19,7 @@ use crate::status::ReplicaStatus;
 use crate::target::Target;
 
 /// Proxies `up` converges at once.
-const PROXIES_AT_ONCE: usize = 8;
+const PROXIES_AT_ONCE: usize = 16;
 
 /// How an entry point wants the host treated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,6 +19,8 @@ use crate::replica::{DesiredProxy, ReplicaContainer};
 
 /// How often readiness is polled.
 const POLL: Duration = Duration::from_millis(50);
+/// How often the engine is asked whether a gated container still runs (see [`Run::gate`]).
+const INSPECT_EVERY: Duration = Duration::from_millis(250);
 /// Admin calls in a row that may go unanswered during the minimum ready time.
 const MAX_ADMIN_ERRORS: u32 = 3;
 /// Timeout of one admin call while gating.
@@ -259,11 +261,19 @@ impl Run<'_> {
             aftermath: String::new(),
         };
         let deadline = Instant::now() + policy.startup_deadline;
+        let mut next_inspect = Instant::now();
         loop {
-            if let Err(reason) = self.still_running(id).await {
-                return Err(failure(Gate::Exited, reason));
-            }
+            // The engine is asked whether the container still runs its first Envoy once the
+            // probe passes (one restarted by the policy answers too) and, while it fails, every
+            // INSPECT_EVERY: many replicas starting at once should not cost the engine an
+            // inspect each per poll.
             let verdict = look(admin.as_ref(), want).await;
+            if verdict.is_ok() || Instant::now() >= next_inspect {
+                if let Err(reason) = self.still_running(id).await {
+                    return Err(failure(Gate::Exited, reason));
+                }
+                next_inspect = Instant::now() + INSPECT_EVERY;
+            }
             let Err(why) = verdict else { break };
             if Instant::now() >= deadline {
                 let gate = match why {
@@ -285,8 +295,12 @@ impl Run<'_> {
         let mut admin_errors = 0;
         while Instant::now() < ready_until {
             tokio::time::sleep(POLL.min(policy.min_ready)).await;
-            if let Err(reason) = self.still_running(id).await {
-                return Err(failure(Gate::Exited, reason));
+            let last = Instant::now() >= ready_until;
+            if last || Instant::now() >= next_inspect {
+                if let Err(reason) = self.still_running(id).await {
+                    return Err(failure(Gate::Exited, reason));
+                }
+                next_inspect = Instant::now() + INSPECT_EVERY;
             }
             match look(admin.as_ref(), want).await {
                 Ok(()) => admin_errors = 0,

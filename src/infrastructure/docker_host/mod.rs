@@ -4,7 +4,8 @@
 //! One converge: observe the proxy's containers (one list by label; a command inspects only
 //! those the engine's recent events say changed since its last look, serve inspects each), probe
 //! the running ones ([`crate::readiness`]), plan ([`crate::plan::plan_with`]: every decision is
-//! the planner's), make the image present and validate a spec no replica has proven, write
+//! the planner's), make the image present and validate a spec no replica has proven (a fresh
+//! proxy's new replicas are their own check; Envoy's verdict is sought if one fails), write
 //! the bootstrap generation, deliver the watched files live ([`crate::delivery`]), then execute
 //! the actions one replica at a time, start-first and health-gated, with rollback.
 //!
@@ -214,11 +215,13 @@ impl Infrastructure for DockerHost {
         } else {
             String::new()
         };
-        // Only empty slots to fill, nothing to protect: validate while the replicas start, and
-        // remove them again should Envoy refuse the config. Otherwise validation comes first.
-        let alongside =
+        // Only empty slots to fill, nothing to protect: the new replicas are the check (a
+        // replica that serves proves its config more than `envoy --mode validate` can), and
+        // Envoy's verdict is sought only when one fails, so that a refused config reads as
+        // one. Otherwise validation comes first.
+        let by_replicas =
             prepare.validate && actions.iter().all(|a| matches!(a, Action::Create { .. }));
-        if prepare.validate && !alongside {
+        if prepare.validate && !by_replicas {
             run.validate_target(target).await?;
             crate::crashpoint::reached("after-validate");
         } else {
@@ -234,17 +237,20 @@ impl Infrastructure for DockerHost {
         if !actions.is_empty() {
             self.forget_observation();
         }
-        let result = if alongside {
-            let (validated, executed) = tokio::join!(
-                run.validate_target(target),
-                run.execute(target, &actions, &observed, &image_id, fresh)
-            );
-            match validated {
-                Ok(()) => executed,
-                Err(refused) => {
-                    run.remove_new(target).await;
-                    Err(refused)
-                }
+        let result = if by_replicas {
+            match run
+                .execute(target, &actions, &observed, &image_id, fresh)
+                .await
+            {
+                Err(failed @ ConvergeError::Gate(_)) => match run.validate_target(target).await {
+                    // Envoy refuses the config, or the engine its check: that is the answer.
+                    Err(refused) => {
+                        run.remove_new(target).await;
+                        Err(refused)
+                    }
+                    Ok(()) => Err(failed),
+                },
+                other => other,
             }
         } else {
             run.execute(target, &actions, &observed, &image_id, fresh)

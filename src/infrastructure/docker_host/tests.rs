@@ -132,7 +132,7 @@ fn position(history: &[String], prefix: &str) -> usize {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_fresh_proxy_is_validated_then_created_and_ready() {
+async fn a_fresh_proxy_s_ready_replicas_are_its_validation() {
     let w = world();
     let t = target(&w, OLD, 3, "rollback");
     let c = converge(&w, &t).await.unwrap();
@@ -140,7 +140,10 @@ async fn a_fresh_proxy_is_validated_then_created_and_ready() {
     assert!(c.readiness.all_ready(), "{}", c.readiness);
     assert_eq!(images(&w).len(), 3);
     let h = w.engine.history();
-    assert!(position(&h, "validate") < position(&h, "create"), "{h:#?}");
+    assert!(
+        !h.iter().any(|x| x.starts_with("validate")),
+        "nothing to protect, and replicas that serve prove the config: {h:#?}"
+    );
     // A second converge changes nothing and validates nothing.
     let before = w.engine.history().len();
     let again = converge(&w, &t).await.unwrap();
@@ -342,8 +345,11 @@ async fn a_rejected_config_changes_nothing() {
     converge(&w, &target(&w, OLD, 2, "rollback")).await.unwrap();
     let before = images(&w);
     let start = w.engine.history().len();
+    let refused = "[critical][main] error initializing configuration: no_such_field";
     let mut bad = Behavior::healthy(&[PORT]);
-    bad.rejects = Some("[critical][main] error initializing configuration: no_such_field".into());
+    // As a real Envoy does: validation refuses it, and a replica exits at start.
+    bad.rejects = Some(refused.into());
+    bad.exits_after = Some((Duration::from_millis(100), 1, refused.into()));
     w.engine.add_image(NEW, bad);
     let err = converge(&w, &target(&w, NEW, 2, "rollback"))
         .await
@@ -361,12 +367,40 @@ async fn a_rejected_config_changes_nothing() {
     );
 }
 
+/// A fresh proxy whose replicas fail: Envoy's verdict on the config is the answer, and no
+/// replica is left.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_proxy_with_a_rejected_config_leaves_nothing() {
+    let w = world();
+    let refused = "[critical][main] error initializing configuration: no_such_field";
+    let mut bad = Behavior::healthy(&[PORT]);
+    // As a real Envoy does: validation refuses it, and a replica exits at start.
+    bad.rejects = Some(refused.into());
+    bad.exits_after = Some((Duration::from_millis(100), 1, refused.into()));
+    w.engine.add_image(NEW, bad);
+    let err = converge(&w, &target(&w, NEW, 2, "rollback"))
+        .await
+        .unwrap_err();
+    let ConvergeError::Rejected { why, .. } = &err else {
+        panic!("{err}")
+    };
+    assert!(why.contains("no_such_field"), "{why}");
+    assert!(
+        w.engine.containers().is_empty(),
+        "{:#?}",
+        w.engine.containers()
+    );
+    let h = w.engine.history();
+    assert!(position(&h, "create") < position(&h, "validate"), "{h:#?}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn an_engine_refusal_is_the_engines_not_envoys() {
     let w = world();
+    converge(&w, &target(&w, OLD, 1, "rollback")).await.unwrap();
     w.engine
         .fail_once("validate", "default ulimits exceed the hard limit");
-    let err = converge(&w, &target(&w, OLD, 1, "rollback"))
+    let err = converge(&w, &target(&w, NEW, 1, "rollback"))
         .await
         .unwrap_err();
     assert!(matches!(err, ConvergeError::Engine(_)), "{err:?}");
