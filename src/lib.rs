@@ -13,15 +13,19 @@
 //! `up` hands its request while serve holds the lock; [`exit`] says how a command ends (exit
 //! code and text), the same whether it ran locally or in serve. [`acme`] obtains and renews
 //! listener certificates from an ACME CA, answering its challenges through the proxy itself.
+//! [`agent`] is `berth agent`, the entrypoint of replicas that an orchestrator stops (Swarm):
+//! it drains its Envoy with the sequence in [`drain`], which berth itself uses on one host.
 
 pub mod acme;
 pub mod admin;
+pub mod agent;
 pub mod backend_tls;
 pub mod certificates;
 pub mod cli;
 pub mod control;
 pub mod crashpoint;
 pub mod delivery;
+pub mod drain;
 pub mod eg_provider;
 pub mod engine;
 pub mod envoy_log;

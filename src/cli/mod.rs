@@ -1,6 +1,7 @@
 //! The command line: parse arguments ([`Cli`]), resolve settings once (`settings`), call the
 //! operations (`commands`), print. Exit codes: 0 success, 1 runtime failure, 2 bad input.
 
+pub mod agent;
 mod commands;
 mod docs;
 mod down_guard;
@@ -230,6 +231,17 @@ pub enum Command {
         #[arg(long, value_name = "ADDR")]
         remote: Option<String>,
     },
+    /// The proxy agent: a replica's entrypoint where berth does not drain replicas itself
+    /// (Docker Swarm). Runs inside the container, from the derived image berth builds (the Envoy
+    /// image plus a static berth at /usr/local/bin/berth-agent).
+    ///
+    /// `berth agent run -- ENVOY…` starts Envoy as its child and drains it on SIGTERM;
+    /// `berth agent health` is the image's HEALTHCHECK. Both read their settings from
+    /// BERTH_AGENT_* variables (the service sets them), flags overriding.
+    Agent {
+        #[command(subcommand)]
+        command: agent::AgentCommand,
+    },
 }
 
 /// `--listen`: an address, or "off".
@@ -258,6 +270,10 @@ pub fn main() -> i32 {
             return 1;
         }
     };
+    if let Command::Agent { command } = &cli.command {
+        // The agent's exit codes are its own (Envoy's status, the health verdict).
+        return runtime.block_on(agent::command(command));
+    }
     match runtime.block_on(run(cli)) {
         Ok(()) => 0,
         Err(e) => {
@@ -297,6 +313,14 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Version => docs::version(cli.output, &mut std::io::stdout()),
         Command::Status => commands::status(&cli).await,
         Command::Serve { .. } => commands::serve(&cli).await,
+        Command::Agent { command } => match agent::command(command).await {
+            0 => Ok(()),
+            code => Err(crate::exit::Relayed {
+                code,
+                text: format!("error: berth agent exited {code}"),
+            }
+            .into()),
+        },
     }
 }
 

@@ -19,16 +19,16 @@ use bollard::models::{
     RestartPolicyNameEnum,
 };
 use bollard::query_parameters::{
-    CreateContainerOptionsBuilder, CreateImageOptionsBuilder, EventsOptionsBuilder,
-    ListContainersOptionsBuilder, LogsOptionsBuilder, RemoveContainerOptionsBuilder,
-    StopContainerOptionsBuilder,
+    BuildImageOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    EventsOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
+    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
 };
 use bollard::{ClientVersion, Docker};
 use futures_util::{StreamExt, TryStreamExt};
 
 use super::{
     ContainerEngine, ContainerEvent, ContainerInfo, ContainerStatus, EngineError, EngineResult,
-    Events, Exited, Hardening, Inspected, LabelFilter, LiveSettings, Mount, Network,
+    Events, Exited, Hardening, ImageBuild, Inspected, LabelFilter, LiveSettings, Mount, Network,
     ObservationCache, ObservedContainer, OneShot, PullError, PullFailure, ReplicaContainer,
     RunState,
 };
@@ -575,6 +575,61 @@ impl ContainerEngine for DockerEngine {
                 image: image.to_string(),
                 message: "it was pulled but is not present afterwards".to_string(),
                 hint: String::new(),
+            })
+    }
+
+    async fn image_entrypoint(&self, image: &str) -> EngineResult<Option<Vec<String>>> {
+        match self.docker.inspect_image(image).await {
+            Ok(img) => Ok(Some(
+                img.config.and_then(|c| c.entrypoint).unwrap_or_default(),
+            )),
+            Err(e) if is_not_found(&e) => Ok(None),
+            Err(e) => Err(self.refused(format!("inspect image {image}"), e).await),
+        }
+    }
+
+    async fn build_image(&self, build: &ImageBuild, progress: bool) -> EngineResult<String> {
+        let operation = format!("build image {}", build.tag);
+        let opts = BuildImageOptionsBuilder::default()
+            .t(&build.tag)
+            .dockerfile("Dockerfile")
+            .rm(true)
+            .forcerm(true)
+            .labels(&build.labels.clone().into_iter().collect::<HashMap<_, _>>())
+            .build();
+        let body = bollard::body_full(build.context.clone().into());
+        let mut stream = self.docker.build_image(opts, None, Some(body));
+        let mut log = String::new();
+        while let Some(info) = stream.next().await {
+            let info = match info {
+                Ok(info) => info,
+                Err(e) => return Err(self.refused(operation, e).await),
+            };
+            if let Some(message) = info.error_detail.and_then(|d| d.message) {
+                return Err(EngineError::Refused {
+                    engine: self.describe(),
+                    operation,
+                    status: 0,
+                    message: format!("{message}\n{log}").trim_end().to_string(),
+                });
+            }
+            if let Some(line) = info.stream {
+                if progress {
+                    eprint!("{line}");
+                }
+                log.push_str(&line);
+            }
+        }
+        self.image_id(&build.tag)
+            .await?
+            .ok_or_else(|| EngineError::Refused {
+                engine: self.describe(),
+                operation,
+                status: 0,
+                message: format!(
+                    "the build ended without an image tagged {}: {log}",
+                    build.tag
+                ),
             })
     }
 

@@ -21,8 +21,8 @@ use tokio::time::Instant;
 
 use super::{
     ContainerEngine, ContainerEvent, ContainerInfo, ContainerStatus, EngineError, EngineResult,
-    Events, Exited, LabelFilter, LiveSettings, ObservedContainer, OneShot, ReplicaContainer,
-    RunState,
+    Events, Exited, ImageBuild, LabelFilter, LiveSettings, ObservedContainer, OneShot,
+    ReplicaContainer, RunState,
 };
 use crate::admin::{AdminApi, AdminConnector, BoundListener, ReadyState};
 use crate::layout;
@@ -62,6 +62,7 @@ impl Behavior {
 struct Image {
     id: String,
     behavior: Behavior,
+    entrypoint: Vec<String>,
 }
 
 #[derive(Debug, Clone)]
@@ -135,7 +136,14 @@ impl FakeEngine {
         let mut w = self.lock();
         w.next += 1;
         let id = format!("sha256:{:064x}", w.next);
-        w.images.insert(image.to_string(), Image { id, behavior });
+        w.images.insert(
+            image.to_string(),
+            Image {
+                id,
+                behavior,
+                entrypoint: vec!["/usr/local/bin/envoy".to_string()],
+            },
+        );
     }
 
     /// Puts a new image under `image` in the fake registry (a tag moved there); the local
@@ -149,6 +157,7 @@ impl FakeEngine {
             Image {
                 id: id.clone(),
                 behavior,
+                entrypoint: vec!["/usr/local/bin/envoy".to_string()],
             },
         );
         id
@@ -404,6 +413,54 @@ impl ContainerEngine for FakeEngine {
                 hint: String::new(),
             })
         })
+    }
+
+    async fn image_entrypoint(&self, image: &str) -> EngineResult<Option<Vec<String>>> {
+        self.count();
+        Ok(self.lock().images.get(image).map(|i| i.entrypoint.clone()))
+    }
+
+    /// Reads the context's Dockerfile: the image built behaves as its FROM image, which must
+    /// be present; the ENTRYPOINT line (JSON form) becomes its entrypoint.
+    async fn build_image(&self, build: &ImageBuild, _progress: bool) -> EngineResult<String> {
+        self.count();
+        let refuse = |message: String| EngineError::Refused {
+            engine: self.describe(),
+            operation: format!("build image {}", build.tag),
+            status: 0,
+            message,
+        };
+        let dockerfile = dockerfile_of(&build.context).map_err(|e| refuse(format!("{e:#}")))?;
+        let mut w = self.lock();
+        self.step(&mut w, format!("build {}", build.tag))?;
+        let from = dockerfile
+            .lines()
+            .find_map(|l| l.strip_prefix("FROM "))
+            .ok_or_else(|| refuse("the Dockerfile has no FROM".into()))?
+            .trim();
+        let base = w
+            .images
+            .get(from)
+            .or_else(|| w.images.values().find(|i| i.id == from))
+            .cloned()
+            .ok_or_else(|| refuse(format!("pull access denied for {from}")))?;
+        let entrypoint = dockerfile
+            .lines()
+            .find_map(|l| l.strip_prefix("ENTRYPOINT "))
+            .map(|json| serde_json::from_str(json).map_err(|e| refuse(e.to_string())))
+            .transpose()?
+            .unwrap_or(base.entrypoint);
+        w.next += 1;
+        let id = format!("sha256:{:064x}", w.next);
+        w.images.insert(
+            build.tag.clone(),
+            Image {
+                id: id.clone(),
+                behavior: base.behavior,
+                entrypoint,
+            },
+        );
+        Ok(id)
     }
 
     async fn create(&self, spec: &ReplicaContainer) -> EngineResult<String> {
@@ -670,4 +727,19 @@ impl AdminConnector for Arc<FakeEngine> {
             socket: socket.to_path_buf(),
         })
     }
+}
+
+/// The `Dockerfile` at the root of a build context (a tar archive).
+fn dockerfile_of(context: &[u8]) -> anyhow::Result<String> {
+    use std::io::Read;
+    let mut archive = tar::Archive::new(context);
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        if entry.path()?.as_os_str() == "Dockerfile" {
+            let mut text = String::new();
+            entry.read_to_string(&mut text)?;
+            return Ok(text);
+        }
+    }
+    bail!("the build context has no Dockerfile")
 }

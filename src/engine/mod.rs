@@ -1,6 +1,6 @@
 //! The container-engine seam: what berth asks of an engine that runs containers on one host
-//! (observe by label, ensure an image, create, start, stop, remove, logs, run a throw-away
-//! validation container, events, ping), in engine-neutral types.
+//! (observe by label, ensure or build an image, create, start, stop, remove, logs, run a
+//! throw-away validation container, events, ping), in engine-neutral types.
 //!
 //! [`docker::DockerEngine`] speaks the Docker Engine API (bollard; Docker and Podman's
 //! compatible API). [`fake::FakeEngine`] is an in-memory engine whose "Envoy" answers admin
@@ -130,6 +130,17 @@ pub struct Exited {
     pub code: i64,
     /// Its whole output (stdout and stderr, interleaved as logged).
     pub output: String,
+}
+
+/// An image to build from an in-memory context and tag ([`ContainerEngine::build_image`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ImageBuild {
+    /// The tag the built image gets (`repository:tag`).
+    pub tag: String,
+    /// The build context: a tar archive with a `Dockerfile` at its root.
+    pub context: Vec<u8>,
+    /// Labels the built image carries.
+    pub labels: BTreeMap<String, String>,
 }
 
 /// The engine's view of one container, as list and inspect show it.
@@ -482,6 +493,14 @@ pub trait ContainerEngine: Send + Sync {
     /// the Docker client config, progress on a terminal when `progress`). Returns the ID the
     /// reference names afterwards: another one than before when the tag moved.
     async fn pull(&self, image: &str, progress: bool) -> EngineResult<String>;
+
+    /// The image's ENTRYPOINT (empty when it has none), or None when it is not present.
+    async fn image_entrypoint(&self, image: &str) -> EngineResult<Option<Vec<String>>>;
+
+    /// Builds an image from an in-memory context (base images must be present: nothing is
+    /// pulled) and tags it, printing the build's steps on stderr when `progress`. Returns the
+    /// image's ID.
+    async fn build_image(&self, build: &ImageBuild, progress: bool) -> EngineResult<String>;
 
     /// Creates a container without starting it. Returns its ID.
     async fn create(&self, container: &ReplicaContainer) -> EngineResult<String>;
