@@ -159,6 +159,7 @@ fn help_of_each_command_says_what_it_does() {
         (Some("logs"), "interleaved and prefixed by replica"),
         (Some("completions"), "shell completion script"),
         (Some("man"), "manual page"),
+        (Some("agent"), "proxy agent"),
     ];
     for (cmd, purpose) in cases {
         let out = berth().args(cmd).arg("--help").output().unwrap();
@@ -342,4 +343,98 @@ fn labels(cleanup: &Cleanup) -> Vec<String> {
         "--container-label".into(),
         format!("io.berth.test.case={}", cleanup.case),
     ]
+}
+
+// `berth agent` as a process, with a stand-in for Envoy (the real one: tests/agent.rs).
+
+#[test]
+fn agent_run_passes_its_childs_end_on() {
+    let out = berth()
+        .args(["agent", "run", "--", "sh", "-c", "exit 3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let out = berth()
+        .args(["agent", "run", "--", "sh", "-c", "kill -9 $$"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(137), "{}", describe(&out));
+    assert!(
+        text(&out).1.contains("Envoy exited: signal: 9"),
+        "{}",
+        describe(&out)
+    );
+    let out = berth()
+        .args(["agent", "run", "--", "/nonexistent/envoy"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        text(&out)
+            .1
+            .contains("cannot start Envoy (/nonexistent/envoy)"),
+        "{}",
+        describe(&out)
+    );
+    for bad in [
+        &["agent", "run"][..],
+        &["agent", "run", "--port", "0", "--", "envoy"],
+        &["agent", "run", "--drain-timeout", "soon", "--", "envoy"],
+    ] {
+        let out = berth().args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", describe(&out));
+    }
+}
+
+#[test]
+fn agent_run_stops_its_child_on_sigterm_even_when_it_cannot_drain() {
+    let dir = short_tempdir();
+    let socket = dir.path().join("admin.sock");
+    let child = berth()
+        .args(["agent", "run", "--admin-socket"])
+        .arg(&socket)
+        .args(["--", "sleep", "30"])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id() as i32;
+    // Wait until the agent has started its child (and so has its signal handlers).
+    let started = std::time::Instant::now();
+    while std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .trim()
+        .is_empty()
+    {
+        assert!(started.elapsed() < std::time::Duration::from_secs(10));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: kill(2) of the child this test started.
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    // No admin socket: nothing to drain; the child gets SIGTERM at once and dies of it.
+    assert_eq!(out.status.code(), Some(143), "{}", describe(&out));
+    let (_, e) = text(&out);
+    assert!(
+        e.contains("SIGTERM: draining Envoy") && e.contains("could not drain Envoy"),
+        "{e}"
+    );
+}
+
+#[test]
+fn agent_health_without_envoy_is_not_ready_and_says_why() {
+    let dir = short_tempdir();
+    let out = berth()
+        .args(["agent", "health", "--port", "8080", "--admin-socket"])
+        .arg(dir.path().join("admin.sock"))
+        .env("BERTH_AGENT_CONFIG_VERSION", "v1")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let (o, _) = text(&out);
+    assert!(
+        o.starts_with("not-ready config=v1 lds=- cds=- reason: its admin socket does not answer"),
+        "{o}"
+    );
+    let saved = std::fs::read_to_string(dir.path().join("agent-health.json")).unwrap();
+    assert!(saved.contains(r#""ready":false"#), "{saved}");
 }

@@ -27,6 +27,7 @@ const AFTER_HELP: &str = "Examples:
   berth down                                  drain and remove the config's proxies
   berth completions bash > /etc/bash_completion.d/berth
   berth version --output json                 version, git commit, Envoy Gateway release
+  berth agent health                          (inside an agent image) the replica's HEALTHCHECK
 
 The config file option -f comes before the command, as with docker compose (after `logs`, -f
 means --follow).

@@ -6,6 +6,7 @@
 //! because an admin socket path must fit in 108 bytes (`sun_path`).
 #![allow(dead_code)]
 
+pub mod agent;
 pub mod eg;
 pub mod fleet;
 pub mod host;
