@@ -244,7 +244,6 @@ async fn docker_stop_drains_with_a_sibling_on_the_port_and_loses_nothing() {
             && log.contains("berth agent: drained: 0 connection(s) left"),
         "{log}"
     );
-    assert!(took < agent::stop_grace_period(&shutdown()), "{took:?}");
 
     // A replacement joins; clients opening a connection per request; the other one stops.
     let c = run_replica(&engine, c, &cleanup).await;
