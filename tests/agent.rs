@@ -12,6 +12,7 @@
 mod common;
 
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,7 @@ use berth::engine::RESTART_NO;
 use berth::engine::{ContainerEngine, DockerEngine, RunState};
 use berth::ir::Shutdown;
 use berth::layout;
+use berth::readiness::Expect;
 use berth::replica::{Mount, ReplicaContainer};
 use common::fleet::{ensure_images, BROKEN, NEW};
 use common::host::{self, HostGuard};
@@ -54,7 +56,15 @@ fn agent_replica(
     if let Some(i) = r.args.iter().position(|a| a == "--drain-time-s") {
         r.args[i + 1] = drain_time;
     }
-    r.env = agent::service_env(&shutdown(), ports, config_version);
+    // The fixture's listeners bind 127.0.0.1.
+    let expect = Expect {
+        ports: ports.to_vec(),
+        addresses: ports
+            .iter()
+            .map(|p| (*p, IpAddr::from([127, 0, 0, 1])))
+            .collect(),
+    };
+    r.env = agent::service_env(&shutdown(), &expect, config_version);
     r
 }
 
