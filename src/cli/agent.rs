@@ -226,6 +226,8 @@ mod tests {
         let s = c.settings();
         assert_eq!(s.expect.ports, vec![80, 443]);
         assert!(s.expect.addresses.is_empty());
+        assert_eq!(s.config_version.as_deref(), Some("abc"));
+        assert_eq!(s.health_file(), PathBuf::from("/tmp/agent-health.json"));
         let c = parse(&["health", "--port", "127.0.0.1:80,[::1]:443,0.0.0.0:8080"]).unwrap();
         let s = c.settings();
         assert_eq!(s.expect.ports, vec![80, 443, 8080]);
@@ -237,8 +239,6 @@ mod tests {
             ]
             .into()
         );
-        assert_eq!(s.config_version.as_deref(), Some("abc"));
-        assert_eq!(s.health_file(), PathBuf::from("/tmp/agent-health.json"));
     }
 
     #[test]
