@@ -15,6 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::fleet::{stderr, Fleet, PROXY};
 use common::load::{assert_no_failures, Load};
+use common::serve::Serve;
 use common::tls::{served_by_name, served_serials};
 use common::{free_port, TEST_IMAGE};
 
@@ -323,4 +324,66 @@ async fn reqwest_get(port: u16, path: &str) -> String {
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.unwrap();
     buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()
+}
+
+/// The certificate of `https`'s ACME listener as serve's /status shows it.
+fn acme_status(serve: &Serve) -> serde_json::Value {
+    serve.proxy(PROXY)["certificates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["listener"] == "https"))
+        .map(|c| c["acme"].clone())
+        .unwrap_or_default()
+}
+
+/// `berth serve` obtains the certificate with no command: the CA is down at first (the error
+/// is in /status, a placeholder serves), the attempt is retried after its backoff once the CA
+/// is back, and the renewal component renews at two thirds of the lifetime by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 3)]
+async fn serve_retries_after_backoff_and_renews_when_due() {
+    assert!(
+        Path::new(PEBBLE).exists() && Path::new(CHALLTESTSRV).exists(),
+        "pebble is not installed: apt-get install pebble (.ci/run does)"
+    );
+    let fleet = Fleet::new("acmeserve").await;
+    let (http, https) = (fleet.port, free_port());
+    let mut pebble = Pebble::start(fleet.dir.path(), http);
+    pebble.stop_pebble();
+    std::fs::write(fleet.config(), config(http, https, &pebble, &[DOMAIN])).unwrap();
+    let serve = Serve::start(&fleet.config(), &fleet.state(), &fleet.cleanup, &[]);
+
+    serve.wait_for(
+        "the failed attempt in /status",
+        Duration::from_secs(60),
+        |s| acme_status(s)["failures"] == 1,
+    );
+    let st = acme_status(&serve);
+    let error = st["last_error"].as_str().unwrap_or_default().to_string();
+    assert!(error.contains(&pebble.directory()), "{st}");
+    assert_eq!(st["placeholder"], true, "{st}");
+    let (_, issuer) = served_by_name(https, DOMAIN).await.unwrap();
+    assert!(issuer.contains("berth ACME placeholder"), "{issuer}");
+
+    pebble.start_pebble();
+    let retry = serve.wait_for(
+        "the retry after the backoff",
+        Duration::from_secs(90),
+        |s| acme_status(s)["issued_at"].is_i64(),
+    );
+    eprintln!("serve: issued {retry:?} after pebble came back (first backoff 30s)");
+    let first = wait_pebble_serial(https, "").await;
+    let st = acme_status(&serve);
+    assert!(st["last_error"].is_null() && st["failures"] == 0, "{st}");
+
+    let issued = st["issued_at"].as_i64().unwrap();
+    serve.wait_for(
+        "the renewal at two thirds",
+        Duration::from_secs(VALIDITY_S + 30),
+        |s| {
+            acme_status(s)["issued_at"]
+                .as_i64()
+                .is_some_and(|t| t > issued)
+        },
+    );
+    let second = wait_pebble_serial(https, &first).await;
+    eprintln!("serve renewed by itself: {first} → {second}");
 }

@@ -28,7 +28,7 @@ use anyhow::{Context, Result};
 
 use crate::ir::{self, ProxyInfra};
 
-pub use issue::{renew_due, Converger, Renewal};
+pub use issue::{due_at, renew_due, Converger, Renewal};
 pub use status::AcmeStatus;
 
 /// The first retry after a failure; doubled per failure up to [`MAX_BACKOFF`].
@@ -55,6 +55,18 @@ impl ListenerFiles {
     }
     pub fn status(&self) -> PathBuf {
         self.dir.join("status.json")
+    }
+}
+
+/// A proxy's ACME listeners, by name.
+pub fn listeners(proxy: &ProxyInfra) -> Vec<(&str, &ir::Acme)> {
+    match &proxy.routing {
+        ir::Routing::Standalone(s) => s
+            .listeners
+            .iter()
+            .filter_map(|l| l.acme.as_ref().map(|a| (l.listener.as_str(), a)))
+            .collect(),
+        ir::Routing::Xds(_) => Vec::new(),
     }
 }
 

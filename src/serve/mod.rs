@@ -7,7 +7,8 @@
 //!  config watcher ──┐ (notify, debounced: re-load, re-render, new generations)
 //!  engine changes ──┼──► triggers ──► scheduler ──► reconciler: one pass per dirty proxy,
 //!  periodic resync ─┤                (coalesces,    through the operations layer (host
-//!  EG remote ───────┘                 requeues)     prepared, files delivered, replicas rolled)
+//!  EG remote ───────┤                 requeues)     prepared, files delivered, replicas rolled;
+//!  ACME renewal ────┘                               due ACME certificates obtained)
 //!  status server  ◄── Shared { desired, record, metrics }
 //!  signals ──► cancel
 //! ```
@@ -17,6 +18,7 @@
 //! running rollouts finish their current step and serve exits 0; the proxies keep running
 //! (they are not berth's children).
 
+mod acme;
 mod api;
 mod config;
 pub mod eg_proxies;
@@ -94,6 +96,7 @@ impl ServeFlags {
             confirm_timeout: self.confirm_timeout.unwrap_or(section.confirm_timeout),
             watch: self.watch.unwrap_or(section.watch),
             engine_events: self.engine_events.unwrap_or(section.engine_events),
+            acme: section.acme,
         }
     }
 }
@@ -481,7 +484,7 @@ pub(crate) fn create_proxy_dir(state: &StateDir, name: &str) -> Result<()> {
 }
 
 /// The renderer serve uses (built-in templates, or the overrides directory).
-fn renderer(opts: &Options) -> Result<Renderer> {
+pub(crate) fn renderer(opts: &Options) -> Result<Renderer> {
     match &opts.templates {
         Some(dir) => Renderer::with_overrides(dir),
         None => Ok(Renderer::builtin()),
@@ -699,6 +702,12 @@ pub async fn run(opts: Options) -> Result<()> {
         components.push((
             "docker events",
             Box::pin(events::run(shared.clone(), cancel.clone())),
+        ));
+    }
+    if settings.acme {
+        components.push((
+            "acme renewal",
+            Box::pin(acme::run(shared.clone(), cancel.clone())),
         ));
     }
     if let Some(every) = settings.resync {

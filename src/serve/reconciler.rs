@@ -97,6 +97,19 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
             .map(|(c, warnings)| Done::Converged(Box::new(c), warnings)),
         None => remove(shared, name, epoch).await.map(|_| Done::Removed),
     };
+    // ACME certificates due: obtained through the proxy just converged.
+    let acme_error = match (&result, &wanted) {
+        (Ok(Done::Converged(..)), Some((target, _))) => {
+            set_busy(shared, name, "obtaining certificates");
+            let reporter = {
+                let (watchers, proxy) = (shared.watchers.clone(), name.to_string());
+                Reporter::new(shared.opts.mode)
+                    .on_event(move |event| watchers.forward(&proxy, epoch, event))
+            };
+            super::acme::renew(shared, target, &reporter).await
+        }
+        _ => None,
+    };
     let label = match &result {
         Ok(_) => "success",
         Err(ConvergeError::Cancelled { .. }) => "cancelled",
@@ -140,7 +153,8 @@ pub async fn pass(shared: &Shared, name: &str, cancel: &CancellationToken) -> Ac
             unfinished: match (&result, &wanted) {
                 (Ok(Done::Converged(c, _)), Some((target, _))) => unfinished(name, target, c),
                 _ => None,
-            },
+            }
+            .or(acme_error.map(Unfinished::Delivery)),
             notes: match (&result, &wanted) {
                 (Ok(Done::Converged(c, warnings)), Some((target, _))) => {
                     notes(name, target, c, warnings)

@@ -167,6 +167,9 @@ pub struct CertificateStatus {
     pub not_after: i64,
     /// RFC 3339.
     pub expires: String,
+    /// ACME listeners: the next renewal, the last error (never a key).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub acme: Option<crate::acme::AcmeStatus>,
 }
 
 impl From<&crate::certificates::Certificate> for CertificateStatus {
@@ -183,8 +186,25 @@ impl From<&crate::certificates::Certificate> for CertificateStatus {
             not_before: c.not_before,
             not_after: c.not_after,
             expires: humantime::format_rfc3339_seconds(at).to_string(),
+            acme: None,
         }
     }
+}
+
+/// A target's certificates, with the ACME state of those berth obtains.
+fn certificates(t: &crate::target::Target, state_dir: &std::path::Path) -> Vec<CertificateStatus> {
+    let acme = crate::acme::listeners(&t.proxy);
+    t.certificates
+        .iter()
+        .map(|c| {
+            let mut s = CertificateStatus::from(c);
+            if acme.iter().any(|(l, _)| *l == c.listener) {
+                let files = crate::acme::ListenerFiles::new(state_dir, t.name(), &c.listener);
+                s.acme = Some(crate::acme::AcmeStatus::read(&files.status()));
+            }
+            s
+        })
+        .collect()
 }
 
 async fn status(shared: &Shared) -> Result<ServeStatus> {
@@ -245,7 +265,7 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
             desired_replicas: targets.get(&name).map(|t| t.desired.replicas).unwrap_or(0),
             certificates: targets
                 .get(&name)
-                .map(|t| t.certificates.iter().map(CertificateStatus::from).collect())
+                .map(|t| certificates(t, shared.state.root()))
                 .unwrap_or_default(),
             busy: busy.get(&name).cloned(),
             name,

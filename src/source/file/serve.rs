@@ -8,6 +8,7 @@
 //! confirm_timeout = "5s"        # how long replicas get to confirm new watched files
 //! watch = true                  # watch the config file and the files it names
 //! engine_events = true          # react to the engine's container events
+//! acme = true                   # obtain and renew ACME listener certificates when due
 //! ```
 
 use std::net::SocketAddr;
@@ -23,6 +24,7 @@ const KEYS: &[&str] = &[
     "confirm_timeout",
     "watch",
     "engine_events",
+    "acme",
 ];
 
 /// The default address of the status server: loopback only.
@@ -40,6 +42,8 @@ pub struct ServeSection {
     pub confirm_timeout: Duration,
     pub watch: bool,
     pub engine_events: bool,
+    /// Renew ACME listener certificates when due (and retry failures after their backoff).
+    pub acme: bool,
 }
 
 impl Default for ServeSection {
@@ -50,6 +54,7 @@ impl Default for ServeSection {
             confirm_timeout: DEFAULT_CONFIRM_TIMEOUT,
             watch: true,
             engine_events: true,
+            acme: true,
         }
     }
 }
@@ -83,6 +88,7 @@ pub(super) fn section(cx: &mut Ctx, root: &Tbl) -> ServeSection {
     out.confirm_timeout = duration(cx, &t, "confirm_timeout", DEFAULT_CONFIRM_TIMEOUT, false);
     out.watch = flag(cx, &t, "watch");
     out.engine_events = flag(cx, &t, "engine_events");
+    out.acme = flag(cx, &t, "acme");
     out
 }
 
@@ -117,13 +123,13 @@ mod tests {
         let all = parse(path, PROXY).unwrap().serve;
         assert_eq!(all, super::ServeSection::default());
         let text = format!(
-            "[serve]\nlisten = \"off\"\nresync = \"0s\"\nconfirm_timeout = \"2s\"\nwatch = false\nengine_events = false\n{PROXY}"
+            "[serve]\nlisten = \"off\"\nresync = \"0s\"\nconfirm_timeout = \"2s\"\nwatch = false\nengine_events = false\nacme = false\n{PROXY}"
         );
         let s = parse(path, &text).unwrap().serve;
         assert_eq!(s.listen, None);
         assert_eq!(s.resync, None);
         assert_eq!(s.confirm_timeout, Duration::from_secs(2));
-        assert!(!s.watch && !s.engine_events);
+        assert!(!s.watch && !s.engine_events && !s.acme);
     }
 
     #[test]
