@@ -105,7 +105,9 @@ pub enum Command {
     ///
     /// Writes the rendered files into the state directory, pulls images, validates new
     /// configs with `envoy --mode validate`, then creates, starts or replaces replicas one at a
-    /// time, each gated on /ready, and drains and removes what is no longer wanted.
+    /// time, each gated on /ready, and drains and removes what is no longer wanted. Then
+    /// obtains each ACME listener certificate that is missing or past two thirds of its
+    /// lifetime, answering the CA's challenge through the proxy.
     ///
     /// One writer per state directory: when `berth serve` manages it, serve runs the request
     /// (one pass of every proxy) and up prints its events and ends with its verdict and exit
@@ -201,8 +203,8 @@ pub enum Command {
     ///
     /// Watches the config file (a broken edit is reported and ignored), repairs replicas that
     /// die or are removed (Docker events), resyncs periodically, applies route and cluster
-    /// changes live with every replica confirming them, and serves /healthz, /status and
-    /// /metrics. On SIGTERM or SIGINT the current rollout step finishes and serve exits 0; the
+    /// changes live with every replica confirming them, renews ACME listener certificates when
+    /// due, and serves /healthz, /status and /metrics. On SIGTERM or SIGINT the current rollout step finishes and serve exits 0; the
     /// proxies keep running.
     ///
     /// serve holds the state directory's lock (berth.lock) for its life and answers `berth up`
