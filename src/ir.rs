@@ -45,6 +45,9 @@ pub struct ProxyInfra {
     pub addresses: Vec<String>,
     #[serde(default)]
     pub rollout: RolloutPolicy,
+    /// Where a Swarm runs the replicas (`[proxy.swarm]`); unused on one Docker host.
+    #[serde(default, skip_serializing_if = "Placement::is_default")]
+    pub placement: Placement,
     pub routing: Routing,
     /// Envoy's `--service-cluster` (the bootstrap's node cluster) when it is not `name`.
     /// Envoy Gateway matches xDS snapshots on it, so EG-driven proxies carry EG's IR key
@@ -73,6 +76,22 @@ impl ProxyInfra {
             .iter()
             .flat_map(|l| l.ports.iter().map(|p| p.container_port))
             .collect()
+    }
+}
+
+/// Where a Swarm places a proxy's tasks: `replicas` of them, or one per node (`global`, Envoy
+/// Gateway's DaemonSet), on the nodes matching every constraint (`node.labels.edge == true`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct Placement {
+    #[serde(default)]
+    pub global: bool,
+    #[serde(default)]
+    pub constraints: Vec<String>,
+}
+
+impl Placement {
+    pub fn is_default(&self) -> bool {
+        *self == Placement::default()
     }
 }
 

@@ -84,6 +84,7 @@ fn quickstart_is_exactly_this_ir() {
             }],
             addresses: vec![],
             rollout: RolloutPolicy::default(),
+            placement: Default::default(),
             routing: Routing::Standalone(Standalone {
                 listeners: vec![ListenerRouting {
                     listener: "web".into(),

@@ -153,7 +153,13 @@ impl Resolved {
             StateDir::at(&self.state_dir)
         };
         Ok(Operations::new(
-            crate::infrastructure::connect(state, cli.container_labels(), Caller::Command).await?,
+            crate::infrastructure::connect(
+                self.config.as_ref().map(|c| c.engine).unwrap_or_default(),
+                state,
+                cli.container_labels(),
+                Caller::Command,
+            )
+            .await?,
         ))
     }
 }

@@ -225,7 +225,7 @@ impl DockerEngine {
     }
 
     /// The engine's error, said to be the engine's.
-    async fn refused(&self, operation: impl Into<String>, e: BollardError) -> EngineError {
+    pub async fn refused(&self, operation: impl Into<String>, e: BollardError) -> EngineError {
         let operation = operation.into();
         let (status, message) = match e {
             BollardError::DockerResponseServerError {

@@ -1,13 +1,14 @@
 //! The infrastructure seam, as Envoy Gateway has it (`internal/infrastructure/manager.go`: one
 //! interface, an implementation per platform): converge a proxy, remove it, report its status.
 //! Nothing above this module knows whether a proxy's replicas are containers berth rolls on one
-//! Docker host ([`docker_host::DockerHost`]) or tasks of a Swarm service.
+//! Docker host ([`docker_host::DockerHost`]) or tasks of a Swarm service ([`swarm::Swarm`]).
 //!
 //! Every implementation returns typed outcomes ([`Converged`]) and typed errors
 //! ([`ConvergeError`]); callers decide what to do about them (serve's error policy) without
 //! reading strings.
 
 pub mod docker_host;
+pub mod swarm;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -39,15 +40,32 @@ pub enum Caller {
     Serve,
 }
 
+/// Which infrastructure the config asks for (`engine` at the top of berth.toml).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EngineKind {
+    /// berth rolls containers on the Docker host behind `DOCKER_HOST` (or the local socket).
+    #[default]
+    Docker,
+    /// A Swarm service per proxy, on the Swarm whose manager is that engine.
+    Swarm,
+}
+
 /// The one constructor of the infrastructure this berth runs on (DESIGN: like Envoy
-/// Gateway's `NewManager`, it picks the implementation by configuration): today the single
-/// Docker host behind `DOCKER_HOST` (or the local socket).
+/// Gateway's `NewManager`, it picks the implementation by configuration): the single Docker
+/// host behind `DOCKER_HOST` (or the local socket), or the Swarm that engine manages.
 pub async fn connect(
+    kind: EngineKind,
     state: crate::state::StateDir,
     extra_labels: std::collections::BTreeMap<String, String>,
     caller: Caller,
 ) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
     let engine = crate::engine::DockerEngine::connect().await?;
+    if kind == EngineKind::Swarm {
+        return Ok(std::sync::Arc::new(
+            swarm::Swarm::connect(engine, state, extra_labels).await?,
+        ));
+    }
     let host = docker_host::DockerHost::new(
         std::sync::Arc::new(engine),
         std::sync::Arc::new(crate::admin::SocketConnector),

@@ -287,6 +287,7 @@ mod tests {
             ],
             addresses: vec![],
             rollout: RolloutPolicy::default(),
+            placement: Default::default(),
             routing: Routing::Standalone(Standalone {
                 listeners: vec![
                     ListenerRouting {

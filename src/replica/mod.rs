@@ -461,7 +461,7 @@ pub fn validation_args(spec: &ProxySpec) -> Vec<String> {
 
 /// `args` with `--service-node <node>` right after `--service-cluster <cluster>`, so the
 /// user's extra arguments stay last.
-fn with_service_node(args: &[String], node: &str) -> Vec<String> {
+pub fn with_service_node(args: &[String], node: &str) -> Vec<String> {
     let mut args = args.to_vec();
     let at = args
         .iter()

@@ -48,6 +48,7 @@ pub(crate) fn proxy_infra(name: &str, replicas: u32, ports: &[u16]) -> ProxyInfr
             .collect(),
         addresses: Vec::new(),
         rollout: RolloutPolicy::default(),
+        placement: Default::default(),
         routing: Routing::Standalone(Standalone {
             listeners: ports
                 .iter()

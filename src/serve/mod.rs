@@ -556,7 +556,12 @@ pub async fn run(opts: Options) -> Result<()> {
     let mut lock = take_lock(&state_path, opts.mode).await?;
     let state = StateDir::open(&state_path)?;
     let ops = Operations::new(
-        crate::infrastructure::connect(state.clone(), opts.extra_labels.clone(), Caller::Serve)
+        crate::infrastructure::connect(
+            first.engine,
+            state.clone(),
+            opts.extra_labels.clone(),
+            Caller::Serve,
+        )
             .await?,
     );
     let (tx, rx) = mpsc::unbounded_channel();

@@ -21,6 +21,7 @@ mod proxy;
 mod route;
 mod serve;
 mod settings;
+mod swarm;
 
 use std::path::{Path, PathBuf};
 
@@ -55,6 +56,8 @@ pub struct Config {
     /// `tune_host` (default true): berth may set host settings replicas depend on
     /// (`net.ipv4.tcp_migrate_req=1`) when it runs as root.
     pub tune_host: bool,
+    /// `engine`: this Docker host (default) or the Swarm its engine manages.
+    pub engine: crate::infrastructure::EngineKind,
     /// Every proxy: `[[proxy]]`s, then those of `[envoy_gateway] ir_files`.
     pub infra: ir::Infra,
     /// `[envoy_gateway]`: the xDS defaults for EG-driven proxies and the remote provider's
@@ -76,6 +79,7 @@ impl Config {
             path: path.to_path_buf(),
             state_dir: None,
             tune_host: true,
+            engine: Default::default(),
             infra: ir::Infra::default(),
             envoy_gateway: None,
             serve: ServeSection::default(),
@@ -160,6 +164,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         path: path.to_path_buf(),
         state_dir: walked.state_dir,
         tune_host: walked.tune_host,
+        engine: walked.engine,
         serve: walked.serve,
         infra: walked.infra,
         envoy_gateway: walked.envoy_gateway,

@@ -16,6 +16,9 @@ pub struct ReplicaStatus {
     pub proxy: String,
     pub slot: Option<u32>,
     pub container: String,
+    /// The Swarm node running it (a Swarm task); None on one Docker host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
     pub state: RunState,
     /// Ready by the one probe ([`crate::readiness`]): LIVE and every listener port bound.
     pub ready: bool,
@@ -40,7 +43,7 @@ pub struct ReplicaStatus {
 
 /// A kubectl-style table of replicas.
 pub fn table(rows: &[ReplicaStatus]) -> String {
-    let header = [
+    let mut header = vec![
         "PROXY",
         "SLOT",
         "CONTAINER",
@@ -55,10 +58,15 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
         "CONNS",
     ];
     let dash = || "-".to_string();
+    // Swarm tasks say which node runs them.
+    let nodes = rows.iter().any(|r| r.node.is_some());
+    if nodes {
+        header.insert(3, "NODE");
+    }
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            vec![
+            let mut cells = vec![
                 r.proxy.clone(),
                 r.slot.map(|s| s.to_string()).unwrap_or_else(dash),
                 r.container.clone(),
@@ -73,7 +81,11 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
                 r.xds.as_ref().map(|x| x.to_string()).unwrap_or_else(dash),
                 r.uptime_seconds.map(uptime).unwrap_or_else(dash),
                 r.connections.map(|c| c.to_string()).unwrap_or_else(dash),
-            ]
+            ];
+            if nodes {
+                cells.insert(3, r.node.clone().unwrap_or_else(dash));
+            }
+            cells
         })
         .collect();
     let mut out = columns(&header, cells);
@@ -217,6 +229,7 @@ mod tests {
             proxy: "edge".into(),
             slot: Some(0),
             container: container.into(),
+            node: None,
             state: RunState::Running,
             ready,
             envoy: "LIVE".into(),

@@ -308,6 +308,7 @@ impl DockerHost {
                 proxy,
                 slot: c.slot(),
                 container: c.name.clone(),
+                node: None,
                 state: c.state,
                 ready: readiness.as_ref().is_some_and(Readiness::is_ready),
                 envoy,

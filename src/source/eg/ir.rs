@@ -147,6 +147,7 @@ pub(super) fn build(
         listeners,
         addresses: raw.addresses,
         rollout: ir::RolloutPolicy::default(),
+        placement: ir::Placement::default(),
         routing: ir::Routing::Xds(xds.server()),
         service_cluster: Some(key.clone()),
     };

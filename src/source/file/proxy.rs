@@ -17,7 +17,14 @@ pub const DEFAULT_IMAGE: &str = "envoyproxy/envoy:v1.36.2";
 pub const MAX_REPLICAS: i64 = 32;
 pub const MAX_CONCURRENCY: i64 = 128;
 
-const ROOT_KEYS: &[&str] = &["state_dir", "tune_host", "envoy_gateway", "serve", "proxy"];
+const ROOT_KEYS: &[&str] = &[
+    "state_dir",
+    "tune_host",
+    "engine",
+    "envoy_gateway",
+    "serve",
+    "proxy",
+];
 const PROXY_KEYS: &[&str] = &[
     "name",
     "namespace",
@@ -37,12 +44,14 @@ const PROXY_KEYS: &[&str] = &[
     "listener",
     "backend",
     "xds",
+    "swarm",
 ];
 
 /// The walked top level.
 pub(super) struct Root {
     pub state_dir: Option<PathBuf>,
     pub tune_host: bool,
+    pub engine: crate::infrastructure::EngineKind,
     pub infra: ir::Infra,
     pub envoy_gateway: Option<EnvoyGateway>,
     pub serve: super::serve::ServeSection,
@@ -81,9 +90,11 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
         }
         Some(cx.resolve(s.v))
     });
+    let engine = super::swarm::engine(cx, t);
     let gateway = gateway::section(cx, t);
     let serve = super::serve::section(cx, t);
     let proxies = t.tables(cx, "proxy", PROXY_KEYS);
+    super::swarm::only_on_swarm(cx, engine, &proxies);
     let none = match t.get("proxy") {
         None => true,
         Some(v) => v.get_ref().as_array().is_some_and(|a| a.is_empty()),
@@ -112,6 +123,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
     Root {
         state_dir,
         tune_host,
+        engine,
         infra,
         envoy_gateway: gateway.map(|(g, _)| g),
         serve,
@@ -194,6 +206,7 @@ fn proxy(
         listeners,
         addresses: Vec::new(),
         rollout,
+        placement: super::swarm::placement(cx, t),
         routing,
         service_cluster: None,
     }
