@@ -562,7 +562,7 @@ pub async fn run(opts: Options) -> Result<()> {
             opts.extra_labels.clone(),
             Caller::Serve,
         )
-            .await?,
+        .await?,
     );
     let (tx, rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod host;
 pub mod load;
 pub mod serve;
+pub mod swarm;
 pub mod tls;
 pub mod upstream;
 pub mod xds;

@@ -26,7 +26,9 @@ pub(super) fn changes(
     let endpoint = engine.describe();
     let services = engine
         .client()
-        .events(Some(EventsOptionsBuilder::default().filters(&filters).build()))
+        .events(Some(
+            EventsOptionsBuilder::default().filters(&filters).build(),
+        ))
         .filter_map(move |r| {
             let changed = match r {
                 Err(e) => Some(Err(EngineError::Unreachable {

@@ -99,10 +99,7 @@ impl Swarm {
             .await
             .map(|n| n.len())
             .unwrap_or(0);
-        let description = format!(
-            "Swarm of {nodes} node(s), manager {}",
-            engine.describe()
-        );
+        let description = format!("Swarm of {nodes} node(s), manager {}", engine.describe());
         let engine = Arc::new(engine);
         let local = DockerHost::new(
             engine.clone(),
@@ -236,7 +233,9 @@ impl Swarm {
         match current {
             None => {
                 if let Err(e) = self.docker().create_service(plan.spec.clone(), None).await {
-                    return Err(self.refused(format!("create service {}", plan.name), e).await);
+                    return Err(self
+                        .refused(format!("create service {}", plan.name), e)
+                        .await);
                 }
                 Ok(true)
             }
@@ -255,7 +254,9 @@ impl Swarm {
                     .update_service(&plan.name, plan.spec.clone(), options, None)
                     .await
                 {
-                    return Err(self.refused(format!("update service {}", plan.name), e).await);
+                    return Err(self
+                        .refused(format!("update service {}", plan.name), e)
+                        .await);
                 }
                 Ok(rolls)
             }
@@ -277,9 +278,9 @@ impl Swarm {
             + rollout.min_ready
             + target.desired.shutdown.drain_timeout
             + Duration::from_secs(15);
-        let deadline = tokio::time::Instant::now()
-            + per_task * target.desired.replicas.max(1)
-            + Duration::from_secs(30);
+        let started_at = tokio::time::Instant::now();
+        let deadline =
+            started_at + per_task * target.desired.replicas.max(1) + Duration::from_secs(30);
         loop {
             let Some(s) = self.service(name).await? else {
                 return Err(ConvergeError::Host {
@@ -291,10 +292,10 @@ impl Swarm {
             let state = status.and_then(|u| u.state);
             if before.is_none() || started != before {
                 match state {
-                    Some(ServiceUpdateStatusStateEnum::COMPLETED) | None => {
-                        if self.tasks_ready(target, &plan.hash).await? {
-                            return Ok(());
-                        }
+                    Some(ServiceUpdateStatusStateEnum::COMPLETED) | None
+                        if self.tasks_ready(target, &plan.hash).await? =>
+                    {
+                        return Ok(());
                     }
                     Some(ServiceUpdateStatusStateEnum::ROLLBACK_COMPLETED)
                     | Some(ServiceUpdateStatusStateEnum::ROLLBACK_PAUSED)
@@ -305,12 +306,19 @@ impl Swarm {
                     _ => {}
                 }
             }
+            if started_at.elapsed() > rollout.startup_deadline {
+                if let Some(stuck) = self.stuck(target, &plan.hash, before.is_none()).await? {
+                    return Err(self.failure(target, plan, None, stuck).await);
+                }
+            }
             if tokio::time::Instant::now() > deadline {
                 let message = format!(
                     "Swarm did not finish updating service {} within {:?} (update state: {})",
                     plan.name,
                     per_task * target.desired.replicas.max(1),
-                    state.map(|s| s.to_string()).unwrap_or_else(|| "none".into())
+                    state
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "none".into())
                 );
                 return Err(self.failure(target, plan, None, message).await);
             }
@@ -331,7 +339,13 @@ fn service_hash(s: &Service) -> Option<&str> {
 }
 
 fn service_replicas(s: &Service) -> Option<i64> {
-    s.spec.as_ref()?.mode.as_ref()?.replicated.as_ref()?.replicas
+    s.spec
+        .as_ref()?
+        .mode
+        .as_ref()?
+        .replicated
+        .as_ref()?
+        .replicas
 }
 
 fn is_global(s: &Service) -> bool {
@@ -448,7 +462,10 @@ impl Infrastructure for Swarm {
             }
         }
         let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
-        for (proxy, _) in services.iter().filter(|(p, _)| !wanted.contains(p.as_str())) {
+        for (proxy, _) in services
+            .iter()
+            .filter(|(p, _)| !wanted.contains(p.as_str()))
+        {
             for task in self.running_tasks(proxy).await? {
                 plan.actions.push(Action::Remove {
                     proxy: proxy.clone(),
@@ -543,7 +560,10 @@ impl Infrastructure for Swarm {
         let tasks = self.running_tasks(proxy).await?.len();
         if let Some(s) = self.service(proxy).await? {
             let id = s.id.clone().unwrap_or_else(|| service::service_name(proxy));
-            reporter.waiting(format!("{proxy}: removing service {}", service::service_name(proxy)));
+            reporter.waiting(format!(
+                "{proxy}: removing service {}",
+                service::service_name(proxy)
+            ));
             if let Err(e) = self.docker().delete_service(&id).await {
                 return Err(self.refused(format!("remove service {id}"), e).await);
             }

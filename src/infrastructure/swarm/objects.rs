@@ -35,7 +35,11 @@ impl Swarm {
         let filters = self.object_filters(proxy);
         let configs = match self
             .docker()
-            .list_configs(Some(ListConfigsOptionsBuilder::default().filters(&filters).build()))
+            .list_configs(Some(
+                ListConfigsOptionsBuilder::default()
+                    .filters(&filters)
+                    .build(),
+            ))
             .await
         {
             Ok(c) => c,
@@ -43,7 +47,11 @@ impl Swarm {
         };
         let secrets = match self
             .docker()
-            .list_secrets(Some(ListSecretsOptionsBuilder::default().filters(&filters).build()))
+            .list_secrets(Some(
+                ListSecretsOptionsBuilder::default()
+                    .filters(&filters)
+                    .build(),
+            ))
             .await
         {
             Ok(s) => s,
@@ -87,9 +95,13 @@ impl Swarm {
             .map(|e| (e.name, e.id))
             .collect();
         let mut made = Vec::new();
-        let missing: Vec<&FileObject> = files.iter().filter(|f| !ids.contains_key(&f.name)).collect();
+        let missing: Vec<&FileObject> = files
+            .iter()
+            .filter(|f| !ids.contains_key(&f.name))
+            .collect();
         for f in missing {
-            let mut labels = service::ownership_labels(proxy, &self.state_dir(), &self.extra_labels);
+            let mut labels =
+                service::ownership_labels(proxy, &self.state_dir(), &self.extra_labels);
             labels.insert(LABEL_TARGET.into(), f.target.clone());
             let data = Some(base64::engine::general_purpose::STANDARD.encode(&f.data));
             let created = if f.secret {
@@ -114,7 +126,11 @@ impl Swarm {
             match created {
                 Ok(r) => {
                     ids.insert(f.name.clone(), r.id);
-                    made.push(format!("{} {}", if f.secret { "secret" } else { "config" }, f.target));
+                    made.push(format!(
+                        "{} {}",
+                        if f.secret { "secret" } else { "config" },
+                        f.target
+                    ));
                 }
                 Err(e) => {
                     let kind = if f.secret { "secret" } else { "config" };
@@ -125,7 +141,8 @@ impl Swarm {
             }
         }
         if !made.is_empty() {
-            reporter.event(Event::new(proxy, "files").message(format!("created {}", made.join(", "))));
+            reporter
+                .event(Event::new(proxy, "files").message(format!("created {}", made.join(", "))));
         }
         Ok(ids)
     }
@@ -141,8 +158,18 @@ impl Swarm {
                 .and_then(|s| s.task_template.as_ref())
                 .and_then(|t| t.container_spec.as_ref())
             {
-                used.extend(c.configs.iter().flatten().filter_map(|r| r.config_name.clone()));
-                used.extend(c.secrets.iter().flatten().filter_map(|r| r.secret_name.clone()));
+                used.extend(
+                    c.configs
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| r.config_name.clone()),
+                );
+                used.extend(
+                    c.secrets
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| r.secret_name.clone()),
+                );
             }
             used.extend(self.objects_of_running_tasks(proxy).await?);
         }
@@ -160,7 +187,8 @@ impl Swarm {
                 Ok(()) => removed += 1,
                 // Gone already, or still in use by a task being removed: the next pass.
                 Err(bollard::errors::Error::DockerResponseServerError {
-                    status_code: 404 | 400, ..
+                    status_code: 404 | 400,
+                    ..
                 }) => {}
                 Err(e2) => {
                     return Err(self.refused(format!("remove {}", e.name), e2).await);

@@ -8,8 +8,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use bollard::models::{
-    HealthConfig, Limit, Mount, MountTmpfsOptions, MountType, NetworkAttachmentConfig,
-    ServiceSpec, ServiceSpecMode, ServiceSpecModeReplicated, ServiceSpecRollbackConfig,
+    HealthConfig, Limit, Mount, MountTmpfsOptions, MountType, NetworkAttachmentConfig, ServiceSpec,
+    ServiceSpecMode, ServiceSpecModeReplicated, ServiceSpecRollbackConfig,
     ServiceSpecRollbackConfigFailureActionEnum, ServiceSpecRollbackConfigOrderEnum,
     ServiceSpecUpdateConfig, ServiceSpecUpdateConfigFailureActionEnum,
     ServiceSpecUpdateConfigOrderEnum, TaskSpec, TaskSpecContainerSpec,
@@ -224,8 +224,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
         }
     };
 
-    let mut container_labels: HashMap<String, String> =
-        spec.labels.clone().into_iter().collect();
+    let mut container_labels: HashMap<String, String> = spec.labels.clone().into_iter().collect();
     container_labels.extend(cx.extra_labels.clone());
     container_labels.insert(LABEL_SWARM.into(), proxy.clone());
     container_labels.insert(LABEL_PROXY.into(), proxy.clone());

@@ -4,9 +4,7 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
-use bollard::models::{
-    HealthStatusEnum, ServiceUpdateStatusStateEnum, Task, TaskState,
-};
+use bollard::models::{HealthStatusEnum, ServiceUpdateStatusStateEnum, Task, TaskState};
 use bollard::query_parameters::{ListNodesOptions, ListTasksOptionsBuilder, LogsOptionsBuilder};
 use futures_util::StreamExt;
 
@@ -52,7 +50,10 @@ impl TaskView {
         let status = t.status.clone().unwrap_or_default();
         let container = t.spec.as_ref().and_then(|s| s.container_spec.as_ref());
         let labels = container.and_then(|c| c.labels.clone()).unwrap_or_default();
-        let slot = t.slot.and_then(|s| u32::try_from(s).ok()).filter(|s| *s > 0);
+        let slot = t
+            .slot
+            .and_then(|s| u32::try_from(s).ok())
+            .filter(|s| *s > 0);
         let node_id = t.node_id.clone().unwrap_or_default();
         let id = t.id.clone().unwrap_or_default();
         TaskView {
@@ -75,8 +76,16 @@ impl TaskView {
             timestamp: status.timestamp,
             objects: container
                 .map(|c| {
-                    let configs = c.configs.iter().flatten().filter_map(|r| r.config_name.clone());
-                    let secrets = c.secrets.iter().flatten().filter_map(|r| r.secret_name.clone());
+                    let configs = c
+                        .configs
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| r.config_name.clone());
+                    let secrets = c
+                        .secrets
+                        .iter()
+                        .flatten()
+                        .filter_map(|r| r.secret_name.clone());
                     configs.chain(secrets).collect()
                 })
                 .unwrap_or_default(),
@@ -113,7 +122,9 @@ impl Swarm {
         let filters = HashMap::from([("service".to_string(), vec![name.clone()])]);
         let list = self
             .docker()
-            .list_tasks(Some(ListTasksOptionsBuilder::default().filters(&filters).build()))
+            .list_tasks(Some(
+                ListTasksOptionsBuilder::default().filters(&filters).build(),
+            ))
             .await;
         match list {
             Ok(tasks) => Ok(tasks
@@ -175,6 +186,43 @@ impl Swarm {
             tasks.len() == target.desired.replicas as usize
         };
         Ok(all_current && enough)
+    }
+
+    /// Why the rollout of spec `hash` cannot go on, once its startup deadline passed: a task
+    /// Swarm cannot place (no node matches the constraints, or none has the resources), or,
+    /// for a new service (`fresh`, where Swarm has no update to roll back), a task that failed.
+    pub(super) async fn stuck(
+        &self,
+        target: &Target,
+        hash: &str,
+        fresh: bool,
+    ) -> Result<Option<String>, ConvergeError> {
+        let tasks = self.tasks(target.name()).await?;
+        let current = tasks.iter().filter(|t| t.spec_hash == hash);
+        for t in current {
+            let why = t.err.clone().unwrap_or_default();
+            if t.desired == Some(TaskState::RUNNING)
+                && t.state == Some(TaskState::PENDING)
+                && !why.is_empty()
+            {
+                return Ok(Some(format!(
+                    "Swarm cannot place task {}: {why} (constraints: {})",
+                    t.name,
+                    if target.proxy.placement.constraints.is_empty() {
+                        "none".to_string()
+                    } else {
+                        target.proxy.placement.constraints.join(", ")
+                    }
+                )));
+            }
+            if fresh && matches!(t.state, Some(TaskState::FAILED | TaskState::REJECTED)) {
+                return Ok(Some(format!(
+                    "task {} failed: {why}; Swarm keeps restarting the new service's tasks",
+                    t.name
+                )));
+            }
+        }
+        Ok(None)
     }
 
     /// The pids of this node's task containers (their inotify use is the fleet's own).
@@ -298,10 +346,15 @@ impl Swarm {
         let proxy = target.name().to_string();
         let tasks = self.tasks(&proxy).await.unwrap_or_default();
         // The latest task of the new spec that did not stay running.
-        let failed = tasks
-            .iter()
-            .filter(|t| t.spec_hash == plan.hash && !t.running())
-            .max_by(|a, b| a.timestamp.cmp(&b.timestamp));
+        let new_spec = || {
+            tasks
+                .iter()
+                .filter(|t| t.spec_hash == plan.hash && !t.running())
+        };
+        let failed = new_spec()
+            .filter(|t| t.err.is_some())
+            .max_by(|a, b| a.timestamp.cmp(&b.timestamp))
+            .or_else(|| new_spec().max_by(|a, b| a.timestamp.cmp(&b.timestamp)));
         let (container, slot, reason, log) = match failed {
             Some(t) => {
                 let log = match &t.container_id {

@@ -1,0 +1,338 @@
+//! berth on Docker Swarm (issue 13 C), against the real engine and real Envoy: a single-node
+//! Swarm the test makes (and leaves) unless the engine already manages one, held under the
+//! Docker lock for its whole life ([`common::swarm::SwarmGuard`]).
+//!
+//! One test drives the scenarios one after the other on that one Swarm, so that the Swarm is
+//! made and left once: 3 tasks on one port; rolling upgrades under keep-alive and under
+//! connection-per-request load with 0 failed requests; an image that exits at start (Swarm
+//! rolls back, the old tasks keep serving, berth names the task's error); a task killed by hand
+//! (replaced); global mode and a placement constraint (one that matches, one that cannot);
+//! `down` (services, configs and secrets gone).
+//!
+//! Run it on its own, without an outer `flock` (it takes the lock itself; an ancestor holding
+//! it is recognized): `cargo test --test swarm`.
+
+mod common;
+
+use std::time::Duration;
+
+use common::fleet::{ensure_images, BROKEN, NEW, OLD};
+use common::load::{assert_no_failures, Load};
+use common::swarm::*;
+use common::{free_port, tls};
+
+const CONNECTIONS: usize = 30;
+
+fn proxy_toml(name: &str, image: &str, replicas: u32, port: u16, extra: &str) -> String {
+    format!(
+        r#"
+[[proxy]]
+name = "{name}"
+image = "{image}"
+replicas = {replicas}
+concurrency = 1
+{extra}
+[proxy.resources]
+memory = "256Mi"
+
+[proxy.shutdown]
+drain_timeout = "5s"
+min_drain_duration = "0s"
+
+[proxy.rollout]
+startup_deadline = "10s"
+min_ready = "1s"
+on_failure = "rollback"
+
+[[proxy.listener]]
+name = "web"
+port = {port}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "hello from swarm\n" }}
+"#
+    )
+}
+
+/// A TLS-terminating TCP listener in front of the HTTP one (its key becomes a Swarm secret).
+fn tls_listener(port: u16, web: u16, cert: &str, key: &str) -> String {
+    format!(
+        r#"
+[[proxy.listener]]
+name = "secure"
+port = {port}
+protocol = "tcp"
+backend = "web"
+tls = {{ cert_file = "{cert}", key_file = "{key}" }}
+
+[[proxy.backend]]
+name = "web"
+endpoints = ["127.0.0.1:{web}"]
+"#
+    )
+}
+
+fn get(port: u16) -> Option<u16> {
+    common::serve::http_get(port, "/").map(|(status, _)| status)
+}
+
+fn running_images(service: &str) -> Vec<String> {
+    task_containers(service)
+        .iter()
+        .map(|id| docker_ok(&["inspect", "-f", "{{.Config.Image}}", id]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn proxies_on_a_single_node_swarm() {
+    ensure_images();
+    let Some(mut guard) = SwarmGuard::new("proxies_on_a_single_node_swarm") else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    let tls_port = free_port();
+    let (cert, key) = tls::pair(7, 2020, 2099);
+    let cert_path = case.dir.path().join("cert.pem");
+    let key_path = case.dir.path().join("key.pem");
+    std::fs::write(&cert_path, cert).unwrap();
+    std::fs::write(&key_path, key).unwrap();
+    let edge = |image: &str| {
+        let mut t = proxy_toml("swedge", image, 3, port, "");
+        t.push_str(&tls_listener(
+            tls_port,
+            port,
+            &path_str(&cert_path),
+            &path_str(&key_path),
+        ));
+        t
+    };
+
+    three_tasks_serve_on_one_port(&case, &edge(OLD), port, tls_port);
+    if std::env::var_os("SKIP_ROLL").is_none() {
+        rolling_upgrades_lose_no_request(&case, &edge, port).await;
+    }
+    an_image_that_exits_at_start_is_rolled_back(&case, &edge, port).await;
+    a_task_killed_by_hand_is_replaced(&case);
+    down_removes_services_configs_and_secrets(&case);
+    drop(case);
+    global_mode_and_placement(&mut guard);
+}
+
+fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_port: u16) {
+    case.write(toml);
+    case.up_ok();
+    let rows = case.status();
+    assert_eq!(rows.len(), 3, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r["state"], "running", "{r}");
+        assert_eq!(r["ready"], true, "{r}");
+        assert!(r["node"].as_str().is_some_and(|n| !n.is_empty()), "{r}");
+        assert_eq!(r["image"], OLD, "{r}");
+    }
+    // One socket per task (concurrency 1), all bound to the one port with SO_REUSEPORT.
+    wait_until("3 sockets on each port", Duration::from_secs(10), || {
+        listening_sockets(port) == 3 && listening_sockets(tls_port) == 3
+    });
+    assert_eq!(get(port), Some(200));
+
+    let s = service("berth-swedge");
+    let spec = &s["Spec"];
+    assert_eq!(spec["Mode"]["Replicated"]["Replicas"], 3);
+    assert_eq!(spec["UpdateConfig"]["Parallelism"], 1);
+    assert_eq!(spec["UpdateConfig"]["Order"], "start-first");
+    assert_eq!(spec["UpdateConfig"]["FailureAction"], "rollback");
+    assert_eq!(spec["UpdateConfig"]["Monitor"], 1_000_000_000i64);
+    assert_eq!(spec["RollbackConfig"]["Order"], "start-first");
+    assert_eq!(spec["RollbackConfig"]["FailureAction"], "pause");
+    let task = &spec["TaskTemplate"];
+    assert_eq!(task["RestartPolicy"]["Condition"], "any");
+    let c = &task["ContainerSpec"];
+    assert_eq!(c["User"], "101:101");
+    assert_eq!(c["ReadOnly"], true);
+    assert_eq!(c["CapabilityDrop"], serde_json::json!(["ALL"]));
+    for id in task_containers("berth-swedge") {
+        let mode = docker_ok(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", &id]);
+        assert_eq!(mode, "host");
+    }
+    // The rendered files as configs, the key as a secret readable by uid 101 only.
+    let configs: Vec<&str> = c["Configs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["File"]["Name"].as_str().unwrap())
+        .collect();
+    for want in [
+        "/etc/berth/bootstrap/bootstrap.yaml",
+        "/etc/berth/xds/lds.yaml",
+        "/etc/berth/xds/rds.yaml",
+        "/etc/berth/xds/cds.yaml",
+    ] {
+        assert!(configs.contains(&want), "{want} not in {configs:?}");
+    }
+    let secrets = c["Secrets"].as_array().unwrap();
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert_eq!(secrets[0]["File"]["Mode"], 0o400);
+    assert_eq!(secrets[0]["File"]["UID"], "101");
+    assert!(secrets[0]["File"]["Name"]
+        .as_str()
+        .unwrap()
+        .starts_with("/etc/berth/tls/secure/key-"));
+    let (services, _, secret_objects) = case.guard.objects();
+    assert_eq!(services, vec!["berth-swedge".to_string()]);
+    assert_eq!(secret_objects.len(), 1);
+
+    // A second `up` changes nothing: the service keeps its version.
+    let version = s["Version"]["Index"].clone();
+    case.up_ok();
+    assert_eq!(service("berth-swedge")["Version"]["Index"], version);
+    let diff = case.berth(&["diff"]);
+    assert!(diff.status.success());
+}
+
+async fn rolling_upgrades_lose_no_request(
+    case: &SwarmCase<'_>,
+    edge: &dyn Fn(&str) -> String,
+    port: u16,
+) {
+    for (from, to, per_request) in [(OLD, NEW, false), (NEW, OLD, true)] {
+        let load = if per_request {
+            Load::start_per_request(port, "/", 8, Duration::from_secs(240))
+        } else {
+            Load::start(port, "/", CONNECTIONS, Duration::from_secs(240))
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        case.write(&edge(to));
+        let started = std::time::Instant::now();
+        case.up_ok();
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let report = load.stop().await;
+        let what = format!(
+            "Swarm rolling upgrade {from} → {to} ({}) in {:.1}s",
+            if per_request {
+                "connection per request"
+            } else {
+                "keep-alive"
+            },
+            took.as_secs_f64()
+        );
+        assert_no_failures(&what, &report);
+        assert_eq!(running_images("berth-swedge"), vec![to.to_string(); 3]);
+        let rows = case.status();
+        assert_eq!(rows.len(), 3);
+        assert!(
+            rows.iter().all(|r| r["ready"] == true && r["image"] == to),
+            "{rows:?}"
+        );
+    }
+}
+
+async fn an_image_that_exits_at_start_is_rolled_back(
+    case: &SwarmCase<'_>,
+    edge: &dyn Fn(&str) -> String,
+    port: u16,
+) {
+    let load = Load::start(port, "/", CONNECTIONS, Duration::from_secs(240));
+    case.write(&edge(BROKEN));
+    let out = case.berth(&["up"]);
+    let report = load.stop().await;
+    assert_eq!(out.status.code(), Some(1), "up must fail");
+    let err = stderr(&out);
+    assert!(err.contains("rolled service berth-swedge back"), "{err}");
+    assert!(err.contains("non-zero exit"), "the task's error: {err}");
+    assert_no_failures("an image that exits at start", &report);
+    // The old spec kept serving. (Swarm's rollback may still replace the failed slot's old
+    // task by a fresh one of the old spec; with the agent it drains first.)
+    wait_until("the failed task gone", Duration::from_secs(20), || {
+        task_containers("berth-swedge").len() == 3
+    });
+    assert_eq!(running_images("berth-swedge"), vec![OLD.to_string(); 3]);
+    assert_eq!(get(port), Some(200));
+    // Back to the good config: converged again without a rollout.
+    case.write(&edge(OLD));
+    case.up_ok();
+    assert_eq!(task_containers("berth-swedge").len(), 3);
+}
+
+fn a_task_killed_by_hand_is_replaced(case: &SwarmCase) {
+    let before = task_containers("berth-swedge");
+    let victim = before[0].clone();
+    docker_ok(&["kill", &victim]);
+    wait_until(
+        "Swarm replaces the killed task",
+        Duration::from_secs(60),
+        || {
+            let now = task_containers("berth-swedge");
+            now.len() == 3 && !now.contains(&victim)
+        },
+    );
+    wait_until(
+        "berth status shows 3 ready tasks",
+        Duration::from_secs(30),
+        || {
+            let rows = case.status();
+            rows.len() == 3 && rows.iter().all(|r| r["ready"] == true)
+        },
+    );
+}
+
+fn down_removes_services_configs_and_secrets(case: &SwarmCase) {
+    let (services, configs, secrets) = case.guard.objects();
+    assert_eq!(services.len(), 1);
+    assert!(configs.len() >= 5, "{configs:?}");
+    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    let out = case.berth(&["down"]);
+    assert!(out.status.success());
+    assert_eq!(case.guard.objects(), (vec![], vec![], vec![]));
+    assert!(task_containers("berth-swedge").is_empty());
+}
+
+fn global_mode_and_placement(guard: &mut SwarmGuard) {
+    guard.label_node("berth-test-edge", "true");
+    let case = SwarmCase::new(guard);
+    let port = free_port();
+    let placed = "[proxy.swarm]\nmode = \"global\"\nconstraints = [\"node.labels.berth-test-edge == true\"]\n";
+    case.write(&proxy_toml("swglobal", NEW, 1, port, placed));
+    case.up_ok();
+    let s = service("berth-swglobal");
+    assert!(
+        s["Spec"]["Mode"]["Global"].is_object(),
+        "{}",
+        s["Spec"]["Mode"]
+    );
+    assert_eq!(
+        s["Spec"]["TaskTemplate"]["Placement"]["Constraints"],
+        serde_json::json!(["node.labels.berth-test-edge == true"])
+    );
+    let rows = case.status();
+    assert_eq!(rows.len(), 1, "one task on the one node: {rows:?}");
+    assert_eq!(rows[0]["ready"], true);
+    assert_eq!(get(port), Some(200));
+
+    // A constraint no node meets: berth says so once the startup deadline passed.
+    let nowhere = "[proxy.swarm]\nconstraints = [\"node.labels.berth-test-nowhere == true\"]\n";
+    let port2 = free_port();
+    let mut both = proxy_toml("swglobal", NEW, 1, port, placed);
+    both.push_str(&proxy_toml("swnowhere", NEW, 1, port2, nowhere));
+    case.write(&both);
+    let out = case.berth(&["up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("Swarm cannot place task berth-swnowhere.1"),
+        "{err}"
+    );
+    assert!(err.contains("no suitable node"), "{err}");
+    assert!(
+        err.contains("node.labels.berth-test-nowhere == true"),
+        "{err}"
+    );
+    let out = case.berth(&["down"]);
+    assert!(out.status.success());
+    let (services, configs, secrets): (Vec<String>, Vec<String>, Vec<String>) =
+        case.guard.objects();
+    assert!(services.is_empty() && configs.is_empty() && secrets.is_empty());
+}
