@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Benchmarks, each printing its tables:   scripts/bench.sh noop | rollout | serve | all
+# Benchmarks, each printing its tables:   scripts/bench.sh noop | rollout | serve | swarm | all
 # Short runs: BENCH_RUNS (noop, default 5), BENCH_ROLLOUTS (rollout, default 10),
-# BENCH_ROUNDS (serve, default 5). Each benchmark has its own container label, proxy names,
+# BENCH_ROUNDS (serve, default 5), BENCH_UPDATES (swarm, default 4). `swarm` makes a single-node
+# Swarm when the engine is in none (and leaves it); it runs berth as the static agent binary
+# (scripts/agent-binary.sh), so it needs no release build. Each benchmark has its own container label, proxy names,
 # compose project and ports, and removes its containers and directories when it ends; traffic
 # goes to 127.0.0.1 only.
 # Each run's raw output, headed by the commit, the date and the tool versions, is written to
@@ -11,17 +13,24 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 which=${1:-all}
 case "$which" in
-  noop|rollout|serve|all) ;;
-  *) echo "usage: scripts/bench.sh noop|rollout|serve|all" >&2; exit 2 ;;
+  noop|rollout|serve|swarm|all) ;;
+  *) echo "usage: scripts/bench.sh noop|rollout|serve|swarm|all" >&2; exit 2 ;;
 esac
 need() {  # need COMMAND PACKAGE
   command -v "$1" >/dev/null || { apt-get update -qq && apt-get install -y -qq "$2"; }
 }
 case "$which" in noop|rollout|all) need docker-compose docker-compose ;; esac
-case "$which" in rollout|all) need wrk wrk ;; esac
+case "$which" in rollout|swarm|all) need wrk wrk ;; esac
 need curl curl
 scripts/test-images.sh >/dev/null
-cargo build --release --quiet --bin berth
+if [ "$which" = swarm ]; then
+  BERTH_AGENT_BINARY=$(scripts/agent-binary.sh)
+  export BERTH_AGENT_BINARY BERTH_BIN=$BERTH_AGENT_BINARY
+  cargo build --quiet --bin berth   # the plain side's berth: dynamic, so without the agent
+else
+  cargo build --release --quiet --bin berth
+fi
+berth_bin=${BERTH_BIN:-target/release/berth}
 results=${BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 
@@ -31,7 +40,7 @@ header() {  # header NAME
   echo "# scripts/bench.sh $1"
   echo "date:           $(date -u +%Y-%m-%dT%H:%M:%SZ)"
   echo "commit:         $(git rev-parse HEAD)$dirty"
-  echo "berth:          $(target/release/berth --version) (release build)"
+  echo "berth:          $("$berth_bin" --version) ($berth_bin)"
   echo "docker:         $(docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}')"
   echo "docker-compose: $(docker-compose version --short) (Debian package, Python $(python3 -c 'import platform; print(platform.python_version())'))"
   echo "wrk:            $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"

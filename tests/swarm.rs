@@ -81,13 +81,21 @@ fn get(port: u16) -> Option<u16> {
 fn running_images(service: &str) -> Vec<String> {
     task_containers(service)
         .iter()
-        .map(|id| docker_ok(&["inspect", "-f", "{{.Config.Image}}", id]))
+        .map(|id| {
+            docker_ok(&[
+                "inspect",
+                "-f",
+                "{{index .Config.Labels \"io.berth.image\"}}",
+                id,
+            ])
+        })
         .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn proxies_on_a_single_node_swarm() {
     ensure_images();
+    agent_binary();
     let Some(mut guard) = SwarmGuard::new("proxies_on_a_single_node_swarm") else {
         return;
     };
@@ -129,13 +137,13 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     for r in &rows {
         assert_eq!(r["state"], "running", "{r}");
         assert_eq!(r["ready"], true, "{r}");
+        assert_eq!(r["envoy"], "healthy", "the agent's HEALTHCHECK: {r}");
         assert!(r["node"].as_str().is_some_and(|n| !n.is_empty()), "{r}");
         assert_eq!(r["image"], OLD, "{r}");
     }
     // One socket per task (concurrency 1), all bound to the one port with SO_REUSEPORT.
-    wait_until("3 sockets on each port", Duration::from_secs(10), || {
-        listening_sockets(port) == 3 && listening_sockets(tls_port) == 3
-    });
+    assert_eq!(listening_sockets(port), 3);
+    assert_eq!(listening_sockets(tls_port), 3);
     assert_eq!(get(port), Some(200));
 
     let s = service("berth-swedge");
@@ -153,6 +161,13 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     assert_eq!(c["User"], "101:101");
     assert_eq!(c["ReadOnly"], true);
     assert_eq!(c["CapabilityDrop"], serde_json::json!(["ALL"]));
+    // The agent: its HEALTHCHECK, and a grace period above the drain window (5s + 10s).
+    assert_eq!(
+        c["HealthCheck"]["Test"],
+        serde_json::json!(berth::agent::HEALTHCHECK_TEST)
+    );
+    assert_eq!(c["StopGracePeriod"], 15_000_000_000i64);
+    assert_eq!(c["StopSignal"], "SIGTERM");
     for id in task_containers("berth-swedge") {
         let mode = docker_ok(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", &id]);
         assert_eq!(mode, "host");

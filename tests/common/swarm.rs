@@ -233,6 +233,28 @@ fn ancestor_holds(path: &str) -> bool {
     false
 }
 
+/// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY`, else
+/// built once by `scripts/agent-binary.sh`.
+pub fn agent_binary() -> PathBuf {
+    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        if let Some(p) = std::env::var_os("BERTH_AGENT_BINARY") {
+            return PathBuf::from(p);
+        }
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/agent-binary.sh");
+        let out = Command::new(&script)
+            .output()
+            .expect("scripts/agent-binary.sh");
+        assert!(
+            out.status.success(),
+            "scripts/agent-binary.sh failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+    })
+    .clone()
+}
+
 /// One berth config and state directory on the Swarm.
 pub struct SwarmCase<'a> {
     pub guard: &'a SwarmGuard,
@@ -263,6 +285,7 @@ impl<'a> SwarmCase<'a> {
     pub fn berth(&self, args: &[&str]) -> Output {
         let out = Command::new(env!("CARGO_BIN_EXE_berth"))
             .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
+            .env("BERTH_AGENT_BINARY", agent_binary())
             .arg("-f")
             .arg(self.config())
             .arg("--state-dir")

@@ -191,13 +191,58 @@ impl Swarm {
         }
     }
 
-    /// How each task starts Envoy, making the derived image when the agent is available.
+    /// How each task starts Envoy: through the agent in the derived image (built when `build`,
+    /// else only named, for `diff`), or, when berth has no static agent binary, the image's
+    /// own entrypoint, with a note that tasks then stop without draining.
     async fn entrypoint(
         &self,
-        _target: &Target,
-        _reporter: &Reporter,
+        target: &Target,
+        reporter: &Reporter,
+        build: bool,
     ) -> Result<Entrypoint, ConvergeError> {
-        Ok(Entrypoint::Plain)
+        let name = target.name();
+        let binary = match crate::agent::binary::locate() {
+            Ok(b) => b,
+            Err(e) => {
+                reporter.event(Event::new(name, "note").message(format!(
+                    "no agent: Swarm stops each replaced task at once, cutting its connections, and a task counts as ready once it runs ({e:#})"
+                )));
+                return Ok(Entrypoint::Plain);
+            }
+        };
+        let base = &target.desired.spec.image;
+        let image = if build {
+            reporter.waiting(format!("{name}: image {base} with the berth agent"));
+            crate::agent::image::ensure(&*self.engine, base, reporter.shows_progress())
+                .await
+                .map_err(|e| ConvergeError::Host {
+                    problem: format!("the derived image of {base} (Envoy + berth agent): {e:#}"),
+                })?
+        } else {
+            let base_id = self
+                .engine
+                .image_id(base)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            let bytes = std::fs::read(&binary).unwrap_or_default();
+            crate::agent::image::tag(&base_id, &crate::replica::sha256_hex(&bytes))
+        };
+        let version = config_version(target);
+        Ok(Entrypoint::Agent(service::AgentSettings {
+            image,
+            env: crate::agent::service_env(
+                &target.desired.shutdown,
+                &target.desired.spec.ports,
+                &version,
+            ),
+            health_test: crate::agent::HEALTHCHECK_TEST
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            stop_grace_period: crate::agent::stop_grace_period(&target.desired.shutdown),
+        }))
     }
 
     /// The service plan of `target`, the image made present first.
@@ -211,7 +256,7 @@ impl Swarm {
             .engine
             .ensure_image(&target.desired.spec.image, reporter.shows_progress())
             .await?;
-        let entrypoint = self.entrypoint(target, reporter).await?;
+        let entrypoint = self.entrypoint(target, reporter, true).await?;
         let state_dir = self.state_dir();
         let cx = service::Context {
             host_network: &self.host_network,
@@ -328,6 +373,19 @@ impl Swarm {
     }
 }
 
+/// The version of the files a task is given (its agent reports it in every health check):
+/// the first 12 hex of sha256 over the bootstrap and the watched files.
+fn config_version(target: &Target) -> String {
+    let mut all = target.rendered.bootstrap.clone();
+    for (name, text) in &target.rendered.xds {
+        all.push('\0');
+        all.push_str(name);
+        all.push('\0');
+        all.push_str(text);
+    }
+    crate::replica::sha256_hex(all.as_bytes())[..12].to_string()
+}
+
 /// The spec hash a service carries.
 fn service_hash(s: &Service) -> Option<&str> {
     s.spec
@@ -410,7 +468,7 @@ impl Infrastructure for Swarm {
                 .ok()
                 .flatten()
                 .unwrap_or_default();
-            let entrypoint = self.entrypoint(t, &Reporter::quiet()).await?;
+            let entrypoint = self.entrypoint(t, &Reporter::quiet(), false).await?;
             let state_dir = self.state_dir();
             let cx = service::Context {
                 host_network: &self.host_network,

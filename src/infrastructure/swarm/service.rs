@@ -32,6 +32,9 @@ use crate::target::Target;
 pub const SWARM_FORMAT: u32 = 1;
 /// On every service, config, secret and task container berth makes on a Swarm: the proxy.
 pub const LABEL_SWARM: &str = "io.berth.swarm";
+/// On task containers: the Envoy image as configured (the task's image is the derived one
+/// when the agent runs).
+pub const LABEL_IMAGE: &str = "io.berth.image";
 /// On configs and secrets: the path it is mounted at.
 pub const LABEL_TARGET: &str = "io.berth.target";
 /// Swarm restarts a task that exited after this delay (not instantly, so a crash loop does not
@@ -229,6 +232,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
     container_labels.insert(LABEL_SWARM.into(), proxy.clone());
     container_labels.insert(LABEL_PROXY.into(), proxy.clone());
     container_labels.insert(LABEL_IMAGE_ID.into(), cx.image_id.to_string());
+    container_labels.insert(LABEL_IMAGE.into(), spec.image.clone());
 
     let (configs, secrets): (Vec<_>, Vec<_>) = files.iter().partition(|f| !f.secret);
     let uid = spec.user.uid.to_string();

@@ -71,7 +71,11 @@ impl TaskView {
                 .container_status
                 .and_then(|c| c.container_id)
                 .filter(|c| !c.is_empty()),
-            image: container.and_then(|c| c.image.clone()).unwrap_or_default(),
+            image: labels
+                .get(service::LABEL_IMAGE)
+                .cloned()
+                .or_else(|| container.and_then(|c| c.image.clone()))
+                .unwrap_or_default(),
             spec_hash: labels.get(LABEL_SPEC_HASH).cloned().unwrap_or_default(),
             timestamp: status.timestamp,
             objects: container
