@@ -7,7 +7,8 @@
 //! connection-per-request load with 0 failed requests; an image that exits at start (Swarm
 //! rolls back, the old tasks keep serving, berth names the task's error); a task killed by hand
 //! (replaced); global mode and a placement constraint (one that matches, one that cannot);
-//! `down` (services, configs and secrets gone).
+//! `down` (services, configs and secrets gone); Envoy Gateway's remote provider (`berth serve`)
+//! creating an xDS-driven proxy on the Swarm and deleting it.
 //!
 //! Run it on its own, without an outer `flock` (it takes the lock itself; an ancestor holding
 //! it is recognized): `cargo test --test swarm`.
@@ -20,6 +21,12 @@ use common::fleet::{ensure_images, BROKEN, NEW, OLD};
 use common::load::{assert_no_failures, Load};
 use common::swarm::*;
 use common::{free_port, tls};
+
+use berth::eg_provider::pb;
+use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use common::eg::gateway_proxy;
+use common::xds::{self, Certs, XdsServer};
+use tonic::transport::{Endpoint, Uri};
 
 const CONNECTIONS: usize = 30;
 
@@ -95,7 +102,8 @@ fn running_images(service: &str) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn proxies_on_a_single_node_swarm() {
     ensure_images();
-    agent_binary();
+    // Every berth this test starts (serve included) finds the agent here.
+    std::env::set_var("BERTH_AGENT_BINARY", agent_binary());
     let Some(mut guard) = SwarmGuard::new("proxies_on_a_single_node_swarm") else {
         return;
     };
@@ -127,6 +135,7 @@ async fn proxies_on_a_single_node_swarm() {
     down_removes_services_configs_and_secrets(&case);
     drop(case);
     global_mode_and_placement(&mut guard);
+    the_eg_remote_provider_creates_a_proxy_on_the_swarm(&guard).await;
 }
 
 fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_port: u16) {
@@ -163,7 +172,7 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     assert_eq!(c["CapabilityDrop"], serde_json::json!(["ALL"]));
     // The agent: its HEALTHCHECK, and a grace period above the drain window (5s + 10s).
     assert_eq!(
-        c["HealthCheck"]["Test"],
+        c["Healthcheck"]["Test"],
         serde_json::json!(berth::agent::HEALTHCHECK_TEST)
     );
     assert_eq!(c["StopGracePeriod"], 15_000_000_000i64);
@@ -350,4 +359,125 @@ fn global_mode_and_placement(guard: &mut SwarmGuard) {
     let (services, configs, secrets): (Vec<String>, Vec<String>, Vec<String>) =
         case.guard.objects();
     assert!(services.is_empty() && configs.is_empty() && secrets.is_empty());
+}
+
+async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm(guard: &SwarmGuard) {
+    let case = SwarmCase::new(guard);
+    let dir = case.dir.path();
+    let (http, tcp, ready) = (free_port(), free_port(), free_port());
+    let certs = Certs::generate(&dir.join("certs"));
+    let (backend, _backend) = xds::backend("hello from eg\n").await;
+    let mut snapshot = xds::eg_snapshot(
+        "default/eg",
+        "default/eg/http",
+        http,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    let tcp_side = xds::eg_snapshot(
+        "default/eg",
+        "default/eg/tcp",
+        tcp,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    for (t, rs) in tcp_side.resources {
+        snapshot.resources.entry(t).or_default().extend(rs);
+    }
+    let xds_server = XdsServer::start(&certs, snapshot).await;
+    let socket = dir.join("r.sock");
+    case.write(&format!(
+        r#"[envoy_gateway]
+xds_address = "127.0.0.1"
+xds_port = {xds}
+ca_file = "{ca}"
+cert_file = "{cert}"
+key_file = "{key}"
+remote = "unix://{sock}"
+"#,
+        xds = xds_server.addr.port(),
+        ca = path_str(&certs.ca()),
+        cert = path_str(&certs.client_cert()),
+        key = path_str(&certs.client_key()),
+        sock = path_str(&socket),
+    ));
+    let serve = common::serve::Serve::start(&case.config(), &case.state(), &guard.cleanup, &[]);
+    wait_until("the remote socket", Duration::from_secs(20), || {
+        socket.exists()
+    });
+    let path = socket.clone();
+    let channel = Endpoint::from_static("http://berth.invalid")
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let path = path.clone();
+            async move {
+                let io = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+            }
+        }))
+        .await
+        .unwrap();
+    let mut client = Client::new(channel);
+    let envoy_proxy = serde_json::json!({
+        "apiVersion": "gateway.envoyproxy.io/v1alpha1",
+        "kind": "EnvoyProxy",
+        "spec": {
+            "provider": {"type": "Kubernetes", "kubernetes": {"envoyDeployment": {
+                "replicas": 2, "container": {"image": NEW}}}},
+            "shutdown": {"drainTimeout": "5s", "minDrainDuration": "0s"}
+        }
+    })
+    .to_string();
+    let infra = |config: &str| pb::Infra {
+        proxy: Some(gateway_proxy(config, http, tcp, "TCP")),
+    };
+    client
+        .create_or_update_proxy_infra(pb::CreateOrUpdateProxyInfraRequest {
+            infra: Some(infra(&envoy_proxy)),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\nserve log:\n{}", serve.log_text()));
+    // Two tasks, healthy only once EG's xDS server gave them their listeners.
+    let s = service("berth-default-eg");
+    assert_eq!(s["Spec"]["Mode"]["Replicated"]["Replicas"], 2);
+    let c = &s["Spec"]["TaskTemplate"]["ContainerSpec"];
+    let secrets: Vec<&str> = c["Secrets"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["File"]["Name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        secrets,
+        vec!["/etc/berth/tls/xds/key.pem"],
+        "the xDS client key"
+    );
+    let rows = case.status();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    assert!(
+        rows.iter()
+            .all(|r| r["ready"] == true && r["envoy"] == "healthy"),
+        "{rows:?}"
+    );
+    assert_eq!(
+        common::serve::http_get(http, "/").map(|(c, b)| (c, b)),
+        Some((200, "hello from eg\n".to_string()))
+    );
+    assert!(
+        xds_server.nodes_seen().contains("berth-default-eg"),
+        "{:?}",
+        xds_server.nodes_seen()
+    );
+
+    client
+        .delete_proxy_infra(pb::DeleteProxyInfraRequest {
+            infra: Some(infra("")),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:?}\nserve log:\n{}", serve.log_text()));
+    assert_eq!(case.guard.objects(), (vec![], vec![], vec![]));
+    drop(serve);
 }
