@@ -132,6 +132,7 @@ async fn proxies_on_a_single_node_swarm() {
     }
     an_image_that_exits_at_start_is_rolled_back(&case, &edge, port).await;
     a_task_killed_by_hand_is_replaced(&case);
+    a_service_changed_by_hand_is_put_back(&case);
     down_removes_services_configs_and_secrets(&case);
     drop(case);
     global_mode_and_placement(&mut guard);
@@ -244,7 +245,10 @@ async fn rolling_upgrades_lose_no_request(
             took.as_secs_f64()
         );
         assert_no_failures(&what, &report);
-        assert_eq!(running_images("berth-swedge"), vec![to.to_string(); 3]);
+        // The last replaced task may still be draining its connections.
+        wait_until("the old tasks drained and gone", Duration::from_secs(30), || {
+            running_images("berth-swedge") == vec![to.to_string(); 3]
+        });
         let rows = case.status();
         assert_eq!(rows.len(), 3);
         assert!(
@@ -300,6 +304,26 @@ fn a_task_killed_by_hand_is_replaced(case: &SwarmCase) {
             let rows = case.status();
             rows.len() == 3 && rows.iter().all(|r| r["ready"] == true)
         },
+    );
+}
+
+fn a_service_changed_by_hand_is_put_back(case: &SwarmCase) {
+    docker_ok(&[
+        "service",
+        "update",
+        "--quiet",
+        "--no-resolve-image",
+        "--env-add",
+        "BY_HAND=1",
+        "berth-swedge",
+    ]);
+    let out = case.up_ok();
+    let err = stderr(&out);
+    assert!(err.contains("changed by hand (environment)"), "{err}");
+    let env = service("berth-swedge")["Spec"]["TaskTemplate"]["ContainerSpec"]["Env"].clone();
+    assert!(
+        !env.to_string().contains("BY_HAND"),
+        "the hand-made variable is gone: {env}"
     );
 }
 

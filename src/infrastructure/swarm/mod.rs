@@ -290,7 +290,7 @@ impl Swarm {
                     .as_ref()
                     .and_then(|v| v.index)
                     .ok_or_else(|| anyhow!("service {} has no version", plan.name))?;
-                let rolls = service_hash(s) != Some(plan.hash.as_str());
+                let rolls = service_hash(s) != Some(plan.hash.as_str()) || drift(s, plan).is_some();
                 let options = UpdateServiceOptionsBuilder::default()
                     .version(version as i32)
                     .build();
@@ -394,6 +394,64 @@ fn service_hash(s: &Service) -> Option<&str> {
         .as_ref()?
         .get(LABEL_SPEC_HASH)
         .map(String::as_str)
+}
+
+/// What of the task template differs from berth's although the spec hash label matches: a
+/// `docker service update` by hand (image, arguments, environment, files).
+fn drift(s: &Service, plan: &ServicePlan) -> Option<String> {
+    let live = s
+        .spec
+        .as_ref()?
+        .task_template
+        .as_ref()?
+        .container_spec
+        .as_ref()?;
+    let want = plan.spec.task_template.as_ref()?.container_spec.as_ref()?;
+    let names = |c: &bollard::models::TaskSpecContainerSpec| {
+        let mut n: Vec<String> = c
+            .configs
+            .iter()
+            .flatten()
+            .filter_map(|r| r.config_name.clone())
+            .chain(
+                c.secrets
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.secret_name.clone()),
+            )
+            .collect();
+        n.sort();
+        n
+    };
+    let image = |c: &bollard::models::TaskSpecContainerSpec| {
+        // The CLI pins a resolved digest after the tag.
+        c.image
+            .as_deref()
+            .map(|i| i.split('@').next().unwrap_or(i).to_string())
+    };
+    let mut what = Vec::new();
+    if image(live) != image(want) {
+        what.push(format!(
+            "image {} instead of {}",
+            live.image.as_deref().unwrap_or("-"),
+            want.image.as_deref().unwrap_or("-")
+        ));
+    }
+    if live.args != want.args {
+        what.push("arguments".to_string());
+    }
+    let sorted = |e: &Option<Vec<String>>| {
+        let mut e = e.clone().unwrap_or_default();
+        e.sort();
+        e
+    };
+    if sorted(&live.env) != sorted(&want.env) {
+        what.push("environment".to_string());
+    }
+    if names(live) != names(want) {
+        what.push("configs or secrets".to_string());
+    }
+    (!what.is_empty()).then(|| what.join(", "))
 }
 
 fn service_replicas(s: &Service) -> Option<i64> {
@@ -548,7 +606,14 @@ impl Infrastructure for Swarm {
         let (plan, _) = self
             .service_plan(target, reporter, &BTreeMap::new())
             .await?;
-        let same_spec = current.as_ref().and_then(service_hash) == Some(plan.hash.as_str());
+        let same_spec = current.as_ref().and_then(service_hash) == Some(plan.hash.as_str())
+            && current.as_ref().is_none_or(|s| drift(s, &plan).is_none());
+        if let Some(what) = current.as_ref().and_then(|s| drift(s, &plan)) {
+            reporter.event(Event::new(name, "note").message(format!(
+                "service {} was changed by hand ({what}); updating it back",
+                plan.name
+            )));
+        }
         let same_mode = current.as_ref().is_some_and(|s| {
             is_global(s) == target.proxy.placement.global
                 && (target.proxy.placement.global
