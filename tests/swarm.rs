@@ -192,7 +192,7 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     for want in [
         "/etc/berth/bootstrap/bootstrap.yaml",
         "/etc/berth/xds/lds.yaml",
-        "/etc/berth/xds/rds.yaml",
+        "/etc/berth/xds/rds-web.yaml",
         "/etc/berth/xds/cds.yaml",
     ] {
         assert!(configs.contains(&want), "{want} not in {configs:?}");
@@ -246,9 +246,11 @@ async fn rolling_upgrades_lose_no_request(
         );
         assert_no_failures(&what, &report);
         // The last replaced task may still be draining its connections.
-        wait_until("the old tasks drained and gone", Duration::from_secs(30), || {
-            running_images("berth-swedge") == vec![to.to_string(); 3]
-        });
+        wait_until(
+            "the old tasks drained and gone",
+            Duration::from_secs(30),
+            || running_images("berth-swedge") == vec![to.to_string(); 3],
+        );
         let rows = case.status();
         assert_eq!(rows.len(), 3);
         assert!(
@@ -487,7 +489,7 @@ remote = "unix://{sock}"
         "{rows:?}"
     );
     assert_eq!(
-        common::serve::http_get(http, "/").map(|(c, b)| (c, b)),
+        common::serve::http_get(http, "/"),
         Some((200, "hello from eg\n".to_string()))
     );
     assert!(

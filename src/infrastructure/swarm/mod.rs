@@ -234,7 +234,7 @@ impl Swarm {
             image,
             env: crate::agent::service_env(
                 &target.desired.shutdown,
-                &target.desired.spec.ports,
+                &target.desired.expect(),
                 &version,
             ),
             health_test: crate::agent::HEALTHCHECK_TEST
