@@ -56,7 +56,7 @@ pub(super) async fn validate(cli: &Cli, no_envoy: bool) -> Result<()> {
         println!("{}: config is valid ({proxies} proxies)", cli.sources());
         return Ok(());
     }
-    let ops = match resolved.operations(cli, true).await {
+    let ops = match resolved.validation_operations(cli).await {
         Ok(ops) => ops,
         Err(e) => {
             // An engine that does not answer is a reason to skip the Envoy check, said so;

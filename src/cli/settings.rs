@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Result};
 
 use super::{BadInput, Cli, Output};
-use crate::infrastructure::Caller;
+use crate::infrastructure::{Caller, EngineKind};
 use crate::layout::default_state_dir;
 use crate::operations::Operations;
 use crate::progress::{Mode, Reporter};
@@ -147,19 +147,26 @@ impl Resolved {
     /// The operations over this host's engine, for this state directory. `create` makes the
     /// state directory when missing (commands that change things); otherwise it is only read.
     pub async fn operations(&self, cli: &Cli, create: bool) -> Result<Operations> {
+        let kind = self.config.as_ref().map(|c| c.engine).unwrap_or_default();
+        self.operations_on(kind, cli, create).await
+    }
+
+    /// The operations for `berth validate`: Envoy checks the rendered config in a throw-away
+    /// container on the engine berth talks to, whatever realizes the proxies (a Swarm's own
+    /// validation does the same on its manager), so no Swarm is needed to validate.
+    pub async fn validation_operations(&self, cli: &Cli) -> Result<Operations> {
+        self.operations_on(EngineKind::Docker, cli, true).await
+    }
+
+    async fn operations_on(&self, kind: EngineKind, cli: &Cli, create: bool) -> Result<Operations> {
         let state = if create {
             StateDir::open(&self.state_dir)?
         } else {
             StateDir::at(&self.state_dir)
         };
         Ok(Operations::new(
-            crate::infrastructure::connect(
-                self.config.as_ref().map(|c| c.engine).unwrap_or_default(),
-                state,
-                cli.container_labels(),
-                Caller::Command,
-            )
-            .await?,
+            crate::infrastructure::connect(kind, state, cli.container_labels(), Caller::Command)
+                .await?,
         ))
     }
 }
