@@ -69,8 +69,8 @@ pub struct DockerEngine {
 /// - the events stream calls a removal `remove` (Docker: `destroy`), and its `event` filter
 ///   matches the internal status `died`, not `die`: both names are asked for, and `remove` is
 ///   reported as `destroy`;
-/// - inspect says `stopped` for a container that exited and awaits cleanup or its restart
-///   ([`DockerEngine::inspect_stopped`]);
+/// - inspect and list say `stopped` for a container that exited and awaits cleanup or its restart
+///   ([`DockerEngine::inspect_stopped`], [`DockerEngine::list_with_stopped`]);
 /// - a name in use is HTTP 500 "… is already in use" (Docker: 409), read as a conflict;
 /// - inspect lists every dropped capability instead of `ALL`, omits `HostConfig.Mounts` and
 ///   spells `no-new-privileges` without `:true` (berth does not read these back).
@@ -353,8 +353,54 @@ impl DockerEngine {
             .build();
         match self.docker.list_containers(Some(opts)).await {
             Ok(list) => Ok(list),
+            Err(e) if self.flavor == Flavor::Podman && e.to_string().contains("`stopped`") => {
+                self.list_with_stopped(&filters, e).await
+            }
             Err(e) => Err(self.refused("list containers", e).await),
         }
+    }
+
+    /// Podman lists a container that exited and awaits its cleanup as `State: "stopped"`
+    /// (see [`DockerEngine::inspect_stopped`]); read the list raw, with those as "exited".
+    async fn list_with_stopped(
+        &self,
+        filters: &HashMap<&str, Vec<&str>>,
+        typed: BollardError,
+    ) -> EngineResult<Vec<bollard::models::ContainerSummary>> {
+        let Some(socket) = self.endpoint.strip_prefix("unix://") else {
+            return Err(self.refused("list containers", typed).await);
+        };
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let refused = |message: String| EngineError::Refused {
+            engine: self.describe(),
+            operation: "list containers".into(),
+            status: 0,
+            message,
+        };
+        let filters = serde_json::to_string(filters).map_err(|e| refused(e.to_string()))?;
+        let path = format!(
+            "/v{}/containers/json?all=1&filters={}",
+            self.api_version(),
+            crate::admin::percent_encode(&filters)
+        );
+        let (status, body) = crate::admin::Admin::new(socket)
+            .with_timeout(REQUEST_TIMEOUT)
+            .get(&path)
+            .await
+            .map_err(|e| refused(format!("{e:#}")))?;
+        if status != 200 {
+            return Err(refused(format!("HTTP {status}: {}", body.trim())));
+        }
+        let mut value: serde_json::Value =
+            serde_json::from_str(&body).map_err(|e| refused(e.to_string()))?;
+        for container in value.as_array_mut().into_iter().flatten() {
+            if let Some(state) = container.get_mut("State") {
+                if state == "stopped" {
+                    *state = "exited".into();
+                }
+            }
+        }
+        serde_json::from_value(value).map_err(|e| refused(e.to_string()))
     }
 
     /// Pulls `image` with the Docker client's credentials for its registry, drawing a byte
