@@ -256,27 +256,7 @@ async fn remote_provider_drives_serve_end_to_end() {
     let certs = Certs::generate(&dir.path().join("certs"));
     let (backend, _backend) = xds::backend("hello\n").await;
     let ready = free_port();
-    let mut snapshot = xds::eg_snapshot(
-        "default/eg",
-        "default/eg/http",
-        http,
-        backend,
-        ready,
-        "v1",
-        "v1",
-    );
-    let tcp_side = xds::eg_snapshot(
-        "default/eg",
-        "default/eg/tcp",
-        tcp,
-        backend,
-        ready,
-        "v1",
-        "v1",
-    );
-    for (t, rs) in tcp_side.resources {
-        snapshot.resources.entry(t).or_default().extend(rs);
-    }
+    let snapshot = xds::eg_http_and_tcp_snapshot(http, tcp, backend, ready);
     let xds_server = XdsServer::start(&certs, snapshot).await;
     let serve = Serve::start(dir.path(), &cleanup, &xds_server, &certs);
     let mut client = serve.client().await;

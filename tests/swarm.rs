@@ -393,27 +393,7 @@ async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm(guard: &SwarmGuard)
     let (http, tcp, ready) = (free_port(), free_port(), free_port());
     let certs = Certs::generate(&dir.join("certs"));
     let (backend, _backend) = xds::backend("hello from eg\n").await;
-    let mut snapshot = xds::eg_snapshot(
-        "default/eg",
-        "default/eg/http",
-        http,
-        backend,
-        ready,
-        "v1",
-        "v1",
-    );
-    let tcp_side = xds::eg_snapshot(
-        "default/eg",
-        "default/eg/tcp",
-        tcp,
-        backend,
-        ready,
-        "v1",
-        "v1",
-    );
-    for (t, rs) in tcp_side.resources {
-        snapshot.resources.entry(t).or_default().extend(rs);
-    }
+    let snapshot = xds::eg_http_and_tcp_snapshot(http, tcp, backend, ready);
     let xds_server = XdsServer::start(&certs, snapshot).await;
     let socket = dir.join("r.sock");
     case.write(&format!(

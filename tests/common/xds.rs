@@ -442,6 +442,33 @@ impl DeltaSession {
     }
 }
 
+/// EG's snapshot for Gateway default/eg with an HTTP listener on `http` and a TCP listener on
+/// `tcp` (the IR's two ports), both to `backend`, version v1.
+pub fn eg_http_and_tcp_snapshot(http: u16, tcp: u16, backend: u16, ready: u16) -> Snapshot {
+    let mut snapshot = eg_snapshot(
+        "default/eg",
+        "default/eg/http",
+        http,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    let tcp_side = eg_snapshot(
+        "default/eg",
+        "default/eg/tcp",
+        tcp,
+        backend,
+        ready,
+        "v1",
+        "v1",
+    );
+    for (t, rs) in tcp_side.resources {
+        snapshot.resources.entry(t).or_default().extend(rs);
+    }
+    snapshot
+}
+
 /// An EG-shaped snapshot for one Gateway listener: the listener named as EG names it
 /// (`<ns>/<gateway>/<listener>`) on `port`, its route configuration of the same name with one
 /// virtual host and one route (`httproute/<ns>/<route>/rule/0/match/0/*`) to the EDS cluster
