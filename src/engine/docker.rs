@@ -21,7 +21,8 @@ use bollard::models::{
 use bollard::query_parameters::{
     BuildImageOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
     EventsOptionsBuilder, ListContainersOptionsBuilder, LogsOptionsBuilder,
-    RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    PushImageOptionsBuilder, RemoveContainerOptionsBuilder, StopContainerOptionsBuilder,
+    TagImageOptionsBuilder,
 };
 use bollard::{ClientVersion, Docker};
 use futures_util::{StreamExt, TryStreamExt};
@@ -676,6 +677,98 @@ impl ContainerEngine for DockerEngine {
                     "the build ended without an image tagged {}: {log}",
                     build.tag
                 ),
+            })
+    }
+
+    async fn tag_image(&self, image: &str, target: &str) -> EngineResult<()> {
+        let (repo, tag) = split_image(target);
+        let opts = TagImageOptionsBuilder::default()
+            .repo(repo)
+            .tag(tag)
+            .build();
+        match self.docker.tag_image(image, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(self
+                .refused(format!("tag image {image} as {target}"), e)
+                .await),
+        }
+    }
+
+    async fn push_image(&self, image: &str, progress: bool) -> EngineResult<String> {
+        let registry = super::credentials::registry_of(image).to_string();
+        let operation = format!("push image {image} to registry {registry}");
+        let refused = |message: String| EngineError::Refused {
+            engine: self.describe(),
+            operation: operation.clone(),
+            status: 0,
+            message,
+        };
+        let lookup = registry.clone();
+        let credentials = tokio::task::spawn_blocking(move || super::credentials::lookup(&lookup))
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r)
+            .map_err(|e| refused(format!("the credentials could not be read: {e}")))?;
+        let with_credentials = credentials.is_some();
+        let (repo, tag) = split_image(image);
+        let opts = PushImageOptionsBuilder::default().tag(tag).build();
+        // The engine wants an X-Registry-Auth header on a push, empty or not.
+        let mut stream =
+            self.docker
+                .push_image(repo, Some(opts), Some(credentials.unwrap_or_default()));
+        let failed = |detail: String| {
+            let config = super::credentials::config_file()
+                .map(|p| p.display().to_string())
+                .unwrap_or_else(|| "~/.docker/config.json".into());
+            let hint = match PullFailure::classify(&detail) {
+                PullFailure::Unauthorized if with_credentials => format!(
+                    "; the registry refused the credentials from {config}: run `docker login {registry}` as the user berth runs as (or set DOCKER_CONFIG)"
+                ),
+                PullFailure::Unauthorized => format!(
+                    "; {config} has no credentials for {registry}: run `docker login {registry}` as the user berth runs as (or set DOCKER_CONFIG)"
+                ),
+                PullFailure::Unreachable => format!("; is registry {registry} up and reachable from this host?"),
+                _ => String::new(),
+            };
+            refused(format!("{detail}{hint}"))
+        };
+        while let Some(info) = stream.next().await {
+            let info = match info {
+                Ok(info) => info,
+                Err(e) if is_connection_error(&e) => {
+                    return Err(EngineError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        message: e.to_string(),
+                    })
+                }
+                Err(BollardError::DockerResponseServerError { message, .. })
+                | Err(BollardError::DockerStreamError { error: message }) => {
+                    return Err(failed(message))
+                }
+                Err(e) => return Err(failed(e.to_string())),
+            };
+            if let Some(message) = info.error_detail.and_then(|d| d.message) {
+                return Err(failed(message));
+            }
+            if progress {
+                if let Some(status) = info.status {
+                    eprintln!("push {image}: {status}");
+                }
+            }
+        }
+        let inspected = match self.docker.inspect_image(image).await {
+            Ok(i) => i,
+            Err(e) => return Err(self.refused(format!("inspect image {image}"), e).await),
+        };
+        inspected
+            .repo_digests
+            .unwrap_or_default()
+            .into_iter()
+            .find(|d| d.split_once('@').is_some_and(|(r, _)| r == repo))
+            .ok_or_else(|| {
+                refused(format!(
+                    "the push ended without a digest of {repo} on the image"
+                ))
             })
     }
 

@@ -415,6 +415,52 @@ impl ContainerEngine for FakeEngine {
         })
     }
 
+    async fn tag_image(&self, image: &str, target: &str) -> EngineResult<()> {
+        self.count();
+        let mut w = self.lock();
+        self.step(&mut w, format!("tag {image} {target}"))?;
+        let found = w
+            .images
+            .get(image)
+            .or_else(|| w.images.values().find(|i| i.id == image))
+            .cloned()
+            .ok_or_else(|| EngineError::Refused {
+                engine: "fake engine".into(),
+                operation: format!("tag image {image} as {target}"),
+                status: 404,
+                message: format!("No such image: {image}"),
+            })?;
+        w.images.insert(target.to_string(), found);
+        Ok(())
+    }
+
+    /// Puts the local image into the fake's registry ([`FakeEngine::push`]'s) under its name
+    /// and under its digest reference, which it returns.
+    async fn push_image(&self, image: &str, _progress: bool) -> EngineResult<String> {
+        self.count();
+        let mut w = self.lock();
+        self.step(&mut w, format!("push {image}"))?;
+        let found = w
+            .images
+            .get(image)
+            .cloned()
+            .ok_or_else(|| EngineError::Refused {
+                engine: "fake engine".into(),
+                operation: format!("push image {image}"),
+                status: 404,
+                message: format!("An image does not exist locally with the tag: {image}"),
+            })?;
+        let (repo, _) = crate::engine::docker::split_image(image);
+        let digest = format!(
+            "{repo}@sha256:{}",
+            crate::replica::sha256_hex(found.id.as_bytes())
+        );
+        w.registry.insert(image.to_string(), found.clone());
+        w.registry.insert(digest.clone(), found.clone());
+        w.images.insert(digest.clone(), found);
+        Ok(digest)
+    }
+
     async fn image_entrypoint(&self, image: &str) -> EngineResult<Option<Vec<String>>> {
         self.count();
         Ok(self.lock().images.get(image).map(|i| i.entrypoint.clone()))

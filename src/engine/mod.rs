@@ -502,6 +502,14 @@ pub trait ContainerEngine: Send + Sync {
     /// image's ID.
     async fn build_image(&self, build: &ImageBuild, progress: bool) -> EngineResult<String>;
 
+    /// Gives the local image `image` a second name, `target` (`repository:tag`).
+    async fn tag_image(&self, image: &str, target: &str) -> EngineResult<()>;
+
+    /// Pushes the local `image` (`registry/repository:tag`) to its registry with the Docker
+    /// client config's credentials for that registry (progress on stderr when `progress`).
+    /// Returns the pushed image by digest, `registry/repository@sha256:…`.
+    async fn push_image(&self, image: &str, progress: bool) -> EngineResult<String>;
+
     /// Creates a container without starting it. Returns its ID.
     async fn create(&self, container: &ReplicaContainer) -> EngineResult<String>;
 
