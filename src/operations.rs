@@ -191,6 +191,11 @@ impl Operations {
         self.infra.remove(proxy, reporter).await
     }
 
+    /// After `down`: the images berth built that nothing uses any more, removed.
+    pub async fn prune_images(&self, reporter: &Reporter) -> Result<Vec<String>, ConvergeError> {
+        self.infra.prune_images(reporter).await
+    }
+
     /// The proxies this berth owns (replicas or state).
     pub async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError> {
         self.infra.owned().await

@@ -91,6 +91,31 @@ pub async fn ensure_with(
     Ok(tag)
 }
 
+/// The name of the derived image `local` (`berth-agent/envoy:<hash>`) under `registry`
+/// (`host[:port][/path]`): `<registry>/berth-agent/envoy:<hash>`.
+pub fn in_registry(local: &str, registry: &str) -> String {
+    format!("{}/{local}", registry.trim_end_matches('/'))
+}
+
+/// Tags the derived image `local` under `registry` and pushes it there with the Docker
+/// client's credentials; returns the reference tasks run, by tag and digest
+/// (`<registry>/berth-agent/envoy:<hash>@sha256:…`), so every node runs the same bytes.
+pub async fn publish(
+    engine: &dyn ContainerEngine,
+    local: &str,
+    registry: &str,
+    progress: bool,
+) -> Result<String> {
+    let remote = in_registry(local, registry);
+    engine.tag_image(local, &remote).await?;
+    let by_digest = engine.push_image(&remote, progress).await?;
+    let digest = by_digest
+        .split_once('@')
+        .map(|(_, d)| d)
+        .with_context(|| format!("the push of {remote} named no digest ({by_digest})"))?;
+    Ok(format!("{remote}@{digest}"))
+}
+
 /// The derived image's tag for a base image ID and an agent binary's sha256.
 pub fn tag(base_id: &str, binary_sha256: &str) -> String {
     let digest = Sha256::digest(format!("{base_id}\n{binary_sha256}\n"));
@@ -169,6 +194,26 @@ mod tests {
         assert_eq!(
             engine.image_entrypoint(&newer).await.unwrap().unwrap(),
             vec![AGENT_PATH, "agent", "run", "--", "/usr/local/bin/envoy"]
+        );
+    }
+
+    #[tokio::test]
+    async fn publishing_tags_under_the_registry_and_pins_the_digest() {
+        let engine = FakeEngine::new();
+        engine.add_image(BASE, Behavior::healthy(&[8080]));
+        let local = ensure_with(engine.as_ref(), BASE, b"agent", false)
+            .await
+            .unwrap();
+        let pinned = publish(engine.as_ref(), &local, "127.0.0.1:5000/team/", false)
+            .await
+            .unwrap();
+        let remote = format!("127.0.0.1:5000/team/{local}");
+        assert!(pinned.starts_with(&format!("{remote}@sha256:")), "{pinned}");
+        assert!(engine.history().contains(&format!("push {remote}")));
+        // What was pushed is the derived image.
+        assert_eq!(
+            engine.image_id(&remote).await.unwrap(),
+            engine.image_id(&local).await.unwrap()
         );
     }
 

@@ -37,6 +37,7 @@ pub const ENV_DRAIN_TIMEOUT: &str = "BERTH_AGENT_DRAIN_TIMEOUT";
 pub const ENV_MIN_DRAIN_DURATION: &str = "BERTH_AGENT_MIN_DRAIN_DURATION";
 pub const ENV_HEALTH_CHECK_FAILURE_DELAY: &str = "BERTH_AGENT_HEALTH_CHECK_FAILURE_DELAY";
 pub const ENV_CONFIG_VERSION: &str = "BERTH_AGENT_CONFIG_VERSION";
+pub const ENV_SERVICE_NODE: &str = "BERTH_AGENT_SERVICE_NODE";
 
 /// What the agent needs beyond the drain window before its container may be killed: the
 /// admin calls still in flight when the drain window ends (2 s each at most) and Envoy's own

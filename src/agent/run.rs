@@ -86,6 +86,22 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
     stop_envoy(&mut child, pid).await
 }
 
+/// Envoy's command line with `--service-node` set to `node` (the value after an existing
+/// `--service-node` replaced, else the flag added at the end); unchanged when `node` is None
+/// or empty.
+pub fn with_service_node(envoy: &[String], node: Option<&str>) -> Vec<String> {
+    let mut out = envoy.to_vec();
+    let Some(node) = node.filter(|n| !n.is_empty()) else {
+        return out;
+    };
+    match out.iter().position(|a| a == "--service-node") {
+        Some(i) if i + 1 < out.len() => out[i + 1] = node.to_string(),
+        Some(_) => out.push(node.to_string()),
+        None => out.extend(["--service-node".to_string(), node.to_string()]),
+    }
+    out
+}
+
 /// SIGTERM, then SIGKILL after [`ENVOY_EXIT_TIMEOUT`]; Envoy's exit code.
 async fn stop_envoy(child: &mut Child, pid: i32) -> Result<i32> {
     // SAFETY: kill(2) with our child's pid and a valid signal.
@@ -175,6 +191,22 @@ impl Forwarded {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_service_node_is_replaced_or_added() {
+        let argv = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let envoy = argv(&["envoy", "--service-node", "berth-edge", "-l", "info"]);
+        assert_eq!(
+            with_service_node(&envoy, Some("berth-edge.2.abc")),
+            argv(&["envoy", "--service-node", "berth-edge.2.abc", "-l", "info"])
+        );
+        assert_eq!(with_service_node(&envoy, None), envoy);
+        assert_eq!(with_service_node(&envoy, Some("")), envoy);
+        assert_eq!(
+            with_service_node(&argv(&["envoy"]), Some("n")),
+            argv(&["envoy", "--service-node", "n"])
+        );
+    }
 
     #[test]
     fn exit_codes_pass_on_envoys_end() {

@@ -37,6 +37,11 @@ pub enum AgentCommand {
         probe: ProbeArgs,
         #[command(flatten)]
         drain: DrainArgs,
+        /// Envoy's node id: replaces the value of `--service-node` in Envoy's command line (or
+        /// is added). On Swarm the variable is `{{.Task.Name}}`, which Swarm expands per task
+        /// (`berth-edge.2.<task id>`): templates reach the environment, not the arguments.
+        #[arg(long, env = agent::ENV_SERVICE_NODE, value_name = "NODE")]
+        service_node: Option<String>,
         /// Envoy's command line, after `--`.
         #[arg(last = true, required = true, value_name = "ENVOY")]
         envoy: Vec<String>,
@@ -128,7 +133,16 @@ pub async fn command(command: &AgentCommand) -> i32 {
     let settings = command.settings();
     match command {
         AgentCommand::Health { .. } => agent::health::command(&settings).await,
-        AgentCommand::Run { envoy, .. } => match agent::run::run(&settings, envoy).await {
+        AgentCommand::Run {
+            envoy,
+            service_node,
+            ..
+        } => match agent::run::run(
+            &settings,
+            &agent::run::with_service_node(envoy, service_node.as_deref()),
+        )
+        .await
+        {
             Ok(code) => code,
             Err(e) => {
                 eprintln!("berth agent: error: {e:#}");

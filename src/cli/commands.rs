@@ -295,9 +295,26 @@ pub(super) async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()
         Writer::Locked(lock) => lock,
         Writer::Serve { .. } => unreachable!("down never hands its request over"),
     };
-    let ops = resolved.operations(cli, false).await?;
+    // Without a config the engine kind is unknown: the Docker host, and the Swarm when its
+    // engine manages one.
+    let mut all_ops = vec![resolved.operations(cli, false).await?];
+    if resolved.config.is_none() {
+        if let Some(swarm) = crate::infrastructure::swarm_if_manager(
+            crate::state::StateDir::at(&resolved.state_dir),
+            cli.container_labels(),
+        )
+        .await?
+        {
+            all_ops.push(crate::operations::Operations::new(swarm));
+        }
+    }
     let mut proxies: BTreeSet<String> = resolved.names();
-    proxies.extend(ops.owned().await?);
+    let mut owners: Vec<BTreeSet<String>> = Vec::new();
+    for ops in &all_ops {
+        let owned = ops.owned().await?;
+        proxies.extend(owned.iter().cloned());
+        owners.push(owned);
+    }
     if let Some(p) = proxy {
         if !proxies.contains(p) {
             bail!(
@@ -308,7 +325,10 @@ pub(super) async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()
         }
         proxies = BTreeSet::from([p.to_string()]);
     }
-    let rows = ops.status(&proxies).await?;
+    let mut rows = Vec::new();
+    for ops in &all_ops {
+        rows.extend(ops.status(&proxies).await?);
+    }
     let removal: super::down_guard::Removal = proxies
         .iter()
         .map(|p| (p.clone(), rows.iter().filter(|r| &r.proxy == p).count()))
@@ -336,10 +356,19 @@ pub(super) async fn down(cli: &Cli, proxy: Option<&str>, all: bool) -> Result<()
     let reporter = cli.reporter();
     let mut removed = 0;
     for name in &proxies {
-        removed += ops
-            .remove(name, &reporter)
-            .await
-            .with_context(|| format!("removing proxy {name}"))?;
+        for (i, ops) in all_ops.iter().enumerate() {
+            // The config's own infrastructure always; another only for what it owns.
+            if i > 0 && !owners[i].contains(name) {
+                continue;
+            }
+            removed += ops
+                .remove(name, &reporter)
+                .await
+                .with_context(|| format!("removing proxy {name}"))?;
+        }
+    }
+    for ops in &all_ops {
+        ops.prune_images(&reporter).await?;
     }
     drop(reporter);
     if !cli.quiet && cli.output == Output::Table {

@@ -165,8 +165,18 @@ impl Resolved {
             StateDir::at(&self.state_dir)
         };
         Ok(Operations::new(
-            crate::infrastructure::connect(kind, state, cli.container_labels(), Caller::Command)
-                .await?,
+            crate::infrastructure::connect(
+                kind,
+                &self
+                    .config
+                    .as_ref()
+                    .map(|c| c.swarm.clone())
+                    .unwrap_or_default(),
+                state,
+                cli.container_labels(),
+                Caller::Command,
+            )
+            .await?,
         ))
     }
 }

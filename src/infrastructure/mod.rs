@@ -51,11 +51,20 @@ pub enum EngineKind {
     Swarm,
 }
 
+/// The top-level `[swarm]` of berth.toml: what every proxy on a Swarm shares.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SwarmSettings {
+    /// `registry = "host[:port][/path]"`: where berth pushes the derived agent image so every
+    /// node can pull it (required on a Swarm of more than one node).
+    pub registry: Option<String>,
+}
+
 /// The one constructor of the infrastructure this berth runs on (DESIGN: like Envoy
 /// Gateway's `NewManager`, it picks the implementation by configuration): the single Docker
 /// host behind `DOCKER_HOST` (or the local socket), or the Swarm that engine manages.
 pub async fn connect(
     kind: EngineKind,
+    swarm: &SwarmSettings,
     state: crate::state::StateDir,
     extra_labels: std::collections::BTreeMap<String, String>,
     caller: Caller,
@@ -63,7 +72,7 @@ pub async fn connect(
     let engine = crate::engine::DockerEngine::connect().await?;
     if kind == EngineKind::Swarm {
         return Ok(std::sync::Arc::new(
-            swarm::Swarm::connect(engine, state, extra_labels).await?,
+            swarm::Swarm::connect(engine, swarm.clone(), state, extra_labels).await?,
         ));
     }
     let host = docker_host::DockerHost::new(
@@ -76,6 +85,21 @@ pub async fn connect(
         Caller::Command => host.reusing_observations(COMMAND_OBSERVATION_REUSE),
         Caller::Serve => host,
     }))
+}
+
+/// The Swarm the engine behind `DOCKER_HOST` (or the local socket) manages, when it manages
+/// one: what `down` without a config also looks at, as it cannot know the config's engine.
+pub async fn swarm_if_manager(
+    state: crate::state::StateDir,
+    extra_labels: std::collections::BTreeMap<String, String>,
+) -> anyhow::Result<Option<std::sync::Arc<dyn Infrastructure>>> {
+    let engine = crate::engine::DockerEngine::connect().await?;
+    if !swarm::Swarm::is_manager(&engine).await {
+        return Ok(None);
+    }
+    Ok(Some(std::sync::Arc::new(
+        swarm::Swarm::connect(engine, SwarmSettings::default(), state, extra_labels).await?,
+    )))
 }
 
 /// One converge of one proxy.
@@ -288,6 +312,12 @@ pub trait Infrastructure: Send + Sync {
     /// Drains and removes every replica of a proxy (each with the drain settings of the spec
     /// it runs) and its state. Returns how many replicas went.
     async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError>;
+
+    /// After `down`: removes the images berth built for its replicas (a Swarm's derived agent
+    /// images) that nothing uses any more; returns their names. None elsewhere.
+    async fn prune_images(&self, _reporter: &Reporter) -> Result<Vec<String>, ConvergeError> {
+        Ok(Vec::new())
+    }
 
     /// One row per replica of the named proxies.
     async fn status(&self, proxies: &BTreeSet<String>)

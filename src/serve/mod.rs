@@ -558,6 +558,7 @@ pub async fn run(opts: Options) -> Result<()> {
     let ops = Operations::new(
         crate::infrastructure::connect(
             first.engine,
+            &first.swarm,
             state.clone(),
             opts.extra_labels.clone(),
             Caller::Serve,

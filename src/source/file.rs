@@ -58,6 +58,8 @@ pub struct Config {
     pub tune_host: bool,
     /// `engine`: this Docker host (default) or the Swarm its engine manages.
     pub engine: crate::infrastructure::EngineKind,
+    /// `[swarm]`: settings every proxy on a Swarm shares (the registry of the agent image).
+    pub swarm: crate::infrastructure::SwarmSettings,
     /// Every proxy: `[[proxy]]`s, then those of `[envoy_gateway] ir_files`.
     pub infra: ir::Infra,
     /// `[envoy_gateway]`: the xDS defaults for EG-driven proxies and the remote provider's
@@ -80,6 +82,7 @@ impl Config {
             state_dir: None,
             tune_host: true,
             engine: Default::default(),
+            swarm: Default::default(),
             infra: ir::Infra::default(),
             envoy_gateway: None,
             serve: ServeSection::default(),
@@ -165,6 +168,7 @@ pub fn parse(path: &Path, text: &str) -> Result<Config, ConfigErrors> {
         state_dir: walked.state_dir,
         tune_host: walked.tune_host,
         engine: walked.engine,
+        swarm: walked.swarm,
         serve: walked.serve,
         infra: walked.infra,
         envoy_gateway: walked.envoy_gateway,

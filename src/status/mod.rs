@@ -19,6 +19,10 @@ pub struct ReplicaStatus {
     /// The Swarm node running it (a Swarm task); None on one Docker host.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// Envoy's node id (`--service-node`) when it is not the container's name: a Swarm task's
+    /// own (`<service>.<slot>.<task id>`), given by the agent.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub service_node: Option<String>,
     pub state: RunState,
     /// Ready by the one probe ([`crate::readiness`]): LIVE and every listener port bound.
     pub ready: bool,
@@ -63,6 +67,10 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
     if nodes {
         header.insert(3, "NODE");
     }
+    let service_nodes = rows.iter().any(|r| r.service_node.is_some());
+    if service_nodes {
+        header.insert(if nodes { 4 } else { 3 }, "ENVOY-NODE");
+    }
     let cells: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
@@ -84,6 +92,12 @@ pub fn table(rows: &[ReplicaStatus]) -> String {
             ];
             if nodes {
                 cells.insert(3, r.node.clone().unwrap_or_else(dash));
+            }
+            if service_nodes {
+                cells.insert(
+                    if nodes { 4 } else { 3 },
+                    r.service_node.clone().unwrap_or_else(dash),
+                );
             }
             cells
         })
@@ -227,6 +241,7 @@ mod tests {
     fn row(container: &str, ready: bool) -> ReplicaStatus {
         ReplicaStatus {
             proxy: "edge".into(),
+            service_node: None,
             slot: Some(0),
             container: container.into(),
             node: None,

@@ -309,6 +309,7 @@ impl DockerHost {
                 slot: c.slot(),
                 container: c.name.clone(),
                 node: None,
+                service_node: None,
                 state: c.state,
                 ready: readiness.as_ref().is_some_and(Readiness::is_ready),
                 envoy,

@@ -10,6 +10,7 @@
 //! tasks: status rows, readiness, waiting for an update), `events` (what serve watches).
 
 mod events;
+mod images;
 mod objects;
 pub mod service;
 mod tasks;
@@ -50,6 +51,10 @@ pub struct Swarm {
     state: StateDir,
     extra_labels: BTreeMap<String, String>,
     host_network: String,
+    /// `[swarm] registry`: where the derived agent image is pushed for every node to pull.
+    registry: Option<String>,
+    /// How many nodes the Swarm had when berth connected.
+    nodes: usize,
     /// "Swarm of 1 node(s), manager Docker Engine 20.10.24 at unix://…".
     description: String,
 }
@@ -64,6 +69,7 @@ impl Swarm {
     /// what to do.
     pub async fn connect(
         engine: DockerEngine,
+        settings: super::SwarmSettings,
         state: StateDir,
         extra_labels: BTreeMap<String, String>,
     ) -> anyhow::Result<Swarm> {
@@ -113,8 +119,22 @@ impl Swarm {
             state,
             extra_labels,
             host_network,
+            registry: settings.registry,
+            nodes,
             description,
         })
+    }
+
+    /// Whether `engine` is a Swarm manager.
+    pub async fn is_manager(engine: &DockerEngine) -> bool {
+        engine
+            .client()
+            .info()
+            .await
+            .ok()
+            .and_then(|i| i.swarm)
+            .and_then(|s| s.control_available)
+            == Some(true)
     }
 
     fn docker(&self) -> &bollard::Docker {
@@ -211,13 +231,40 @@ impl Swarm {
             }
         };
         let base = &target.desired.spec.image;
+        if self.nodes > 1 && self.registry.is_none() {
+            return Err(ConvergeError::Host {
+                problem: format!(
+                    "this Swarm has {} nodes and the agent image berth builds for proxy {name} ({} from {base}) exists only on this manager: set a registry every node can pull from, `[swarm] registry = \"host[:port][/path]\"` in the config, and `docker login` to it as the user berth runs as (berth pushes the image there and the nodes pull it with the same credentials)",
+                    self.nodes,
+                    crate::agent::image::REPOSITORY
+                ),
+            });
+        }
         let image = if build {
             reporter.waiting(format!("{name}: image {base} with the berth agent"));
-            crate::agent::image::ensure(&*self.engine, base, reporter.shows_progress())
+            let local = crate::agent::image::ensure(&*self.engine, base, reporter.shows_progress())
                 .await
                 .map_err(|e| ConvergeError::Host {
                     problem: format!("the derived image of {base} (Envoy + berth agent): {e:#}"),
-                })?
+                })?;
+            match &self.registry {
+                None => local,
+                Some(registry) => {
+                    reporter.waiting(format!("{name}: pushing the agent image to {registry}"));
+                    crate::agent::image::publish(
+                        &*self.engine,
+                        &local,
+                        registry,
+                        reporter.shows_progress(),
+                    )
+                    .await
+                    .map_err(|e| ConvergeError::Host {
+                        problem: format!(
+                            "the agent image {local} could not be pushed to [swarm] registry {registry}: {e:#}"
+                        ),
+                    })?
+                }
+            }
         } else {
             let base_id = self
                 .engine
@@ -227,7 +274,12 @@ impl Swarm {
                 .flatten()
                 .unwrap_or_default();
             let bytes = std::fs::read(&binary).unwrap_or_default();
-            crate::agent::image::tag(&base_id, &crate::replica::sha256_hex(&bytes))
+            let local = crate::agent::image::tag(&base_id, &crate::replica::sha256_hex(&bytes));
+            // The digest is left out of the spec hash: the tag already names the content.
+            match &self.registry {
+                None => local,
+                Some(registry) => crate::agent::image::in_registry(&local, registry),
+            }
         };
         let version = config_version(target);
         Ok(Entrypoint::Agent(service::AgentSettings {
@@ -243,6 +295,24 @@ impl Swarm {
                 .collect(),
             stop_grace_period: crate::agent::stop_grace_period(&target.desired.shutdown),
         }))
+    }
+
+    /// The Docker client's credentials for `[swarm] registry`, sent with a service's spec so
+    /// that every node can pull the agent image (`docker service create --with-registry-auth`).
+    async fn registry_auth(
+        &self,
+    ) -> Result<Option<bollard::auth::DockerCredentials>, ConvergeError> {
+        let Some(registry) = &self.registry else {
+            return Ok(None);
+        };
+        let host = crate::engine::credentials::registry_of(&format!("{registry}/x")).to_string();
+        let lookup = host.clone();
+        tokio::task::spawn_blocking(move || crate::engine::credentials::lookup(&lookup))
+            .await
+            .map_err(|e| anyhow!("{e}"))?
+            .map_err(|e| ConvergeError::Host {
+                problem: format!("the credentials for [swarm] registry {host}: {e}"),
+            })
     }
 
     /// The service plan of `target`, the image made present first.
@@ -277,7 +347,11 @@ impl Swarm {
     ) -> Result<bool, ConvergeError> {
         match current {
             None => {
-                if let Err(e) = self.docker().create_service(plan.spec.clone(), None).await {
+                if let Err(e) = self
+                    .docker()
+                    .create_service(plan.spec.clone(), self.registry_auth().await?)
+                    .await
+                {
                     return Err(self
                         .refused(format!("create service {}", plan.name), e)
                         .await);
@@ -296,7 +370,12 @@ impl Swarm {
                     .build();
                 if let Err(e) = self
                     .docker()
-                    .update_service(&plan.name, plan.spec.clone(), options, None)
+                    .update_service(
+                        &plan.name,
+                        plan.spec.clone(),
+                        options,
+                        self.registry_auth().await?,
+                    )
                     .await
                 {
                     return Err(self
@@ -695,6 +774,10 @@ impl Infrastructure for Swarm {
         self.prune_objects(proxy).await?;
         self.state.remove_proxy(proxy)?;
         Ok(tasks)
+    }
+
+    async fn prune_images(&self, reporter: &Reporter) -> Result<Vec<String>, ConvergeError> {
+        images::prune(self.docker(), reporter).await
     }
 
     async fn status(

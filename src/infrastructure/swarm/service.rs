@@ -211,6 +211,12 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
         Entrypoint::Plain => (spec.image.clone(), None, None),
         Entrypoint::Agent(a) => {
             env.extend(a.env.clone());
+            // Each task's Envoy its own node id: Swarm expands templates in the environment
+            // (not in arguments), and the agent puts it into Envoy's `--service-node`.
+            env.insert(
+                crate::agent::ENV_SERVICE_NODE.to_string(),
+                "{{.Task.Name}}".to_string(),
+            );
             let ns = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
             (
                 a.image.clone(),
@@ -241,7 +247,8 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
         image: Some(image),
         labels: Some(container_labels),
         // Every task of a service runs with the same arguments (Swarm templates do not reach
-        // args): its `--service-node` is the service's name.
+        // args): `--service-node` is the service's name here, and the agent replaces it with
+        // the task's own name (from the environment, where templates do reach).
         args: Some(replica::with_service_node(
             &spec.args,
             &service_name(&proxy),
@@ -411,6 +418,19 @@ fn hash_of(spec: &ServiceSpec, files: &[FileObject]) -> String {
     }
     let mut value = serde_json::to_value(spec).expect("a ServiceSpec serializes");
     strip_ids(&mut value);
+    // An image pinned by digest (the agent image pushed to `[swarm] registry`) counts by its
+    // tag, which already names its content: `diff` can tell the hash without pushing.
+    if let Some(image) = value
+        .pointer_mut("/TaskTemplate/ContainerSpec/Image")
+        .filter(|i| i.as_str().is_some_and(|i| i.contains('@')))
+    {
+        let tag = image
+            .as_str()
+            .and_then(|i| i.split('@').next())
+            .unwrap_or("")
+            .to_string();
+        *image = serde_json::Value::String(tag);
+    }
     let json = serde_json::to_vec(&Hashed {
         format: SWARM_FORMAT,
         spec: sorted(value),

@@ -43,6 +43,9 @@ pub(super) struct TaskView {
     pub timestamp: Option<String>,
     /// The configs and secrets it mounts, by name.
     pub objects: Vec<String>,
+    /// Envoy's `--service-node`: with the agent, what Swarm expands `{{.Task.Name}}` to for
+    /// this task (`<service>.<slot or node id>.<task id>`); without it, the service's name.
+    pub service_node: String,
 }
 
 impl TaskView {
@@ -56,7 +59,21 @@ impl TaskView {
             .filter(|s| *s > 0);
         let node_id = t.node_id.clone().unwrap_or_default();
         let id = t.id.clone().unwrap_or_default();
+        let with_agent = container.and_then(|c| c.env.as_ref()).is_some_and(|env| {
+            env.iter()
+                .any(|e| e.starts_with(&format!("{}=", crate::agent::ENV_SERVICE_NODE)))
+        });
+        // Swarm's own naming of the task (moby's naming.Task), which the template expands to.
+        let service_node = if with_agent {
+            match slot {
+                Some(s) => format!("{service}.{s}.{id}"),
+                None => format!("{service}.{node_id}.{id}"),
+            }
+        } else {
+            service.to_string()
+        };
         TaskView {
+            service_node,
             name: match slot {
                 Some(s) => format!("{service}.{s}"),
                 None => format!("{service}.{}", short_hash(&node_id)),
@@ -320,6 +337,7 @@ impl Swarm {
                     slot: t.slot,
                     container: t.name.clone(),
                     node: Some(node),
+                    service_node: Some(t.service_node.clone()),
                     state: t.run_state(),
                     ready,
                     envoy,

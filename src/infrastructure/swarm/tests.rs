@@ -166,6 +166,61 @@ fn the_agent_brings_its_image_health_check_and_grace_period() {
 }
 
 #[test]
+fn each_task_gets_its_own_node_id_through_a_template() {
+    let agent = Entrypoint::Agent(service::AgentSettings {
+        image: "berth-agent/envoy:0123".into(),
+        env: BTreeMap::new(),
+        health_test: vec!["CMD".into()],
+        stop_grace_period: std::time::Duration::from_secs(70),
+    });
+    let t = target_of(3, "hi", "rollback", "");
+    let c = plan_of(&t, &agent)
+        .spec
+        .task_template
+        .unwrap()
+        .container_spec
+        .unwrap();
+    assert!(c
+        .env
+        .unwrap()
+        .contains(&"BERTH_AGENT_SERVICE_NODE={{.Task.Name}}".to_string()));
+    // The arguments hold the service's name, which the agent replaces.
+    let args = c.args.unwrap();
+    let i = args.iter().position(|a| a == "--service-node").unwrap();
+    assert_eq!(args[i + 1], "berth-edge");
+}
+
+#[test]
+fn an_image_pinned_by_digest_hashes_as_its_tag() {
+    let agent = |image: &str| {
+        Entrypoint::Agent(service::AgentSettings {
+            image: image.into(),
+            env: BTreeMap::new(),
+            health_test: vec!["CMD".into()],
+            stop_grace_period: std::time::Duration::from_secs(70),
+        })
+    };
+    let t = target_of(3, "hi", "rollback", "");
+    let tag = "r.example:5000/b/berth-agent/envoy:0123";
+    let pinned = plan_of(&t, &agent(&format!("{tag}@sha256:{}", "a".repeat(64))));
+    assert_eq!(pinned.hash, plan_of(&t, &agent(tag)).hash);
+    assert_ne!(
+        pinned.hash,
+        plan_of(&t, &agent("r.example:5000/b/berth-agent/envoy:4567")).hash
+    );
+    // The service itself runs the pinned reference.
+    assert!(pinned
+        .spec
+        .task_template
+        .unwrap()
+        .container_spec
+        .unwrap()
+        .image
+        .unwrap()
+        .contains("@sha256:"));
+}
+
+#[test]
 fn global_mode_and_constraints_come_from_the_config() {
     let extra = "[proxy.swarm]\nmode = \"global\"\nconstraints = [\"node.labels.edge==true\"]\n";
     let t = target_of(3, "hi", "rollback", extra);
@@ -201,4 +256,50 @@ fn swarm_settings_need_engine_swarm() {
         errs.to_string().contains("engine: must be \"docker\""),
         "{errs}"
     );
+}
+
+#[test]
+fn the_registry_is_a_top_level_swarm_setting() {
+    let with = |head: &str| {
+        PROXY
+            .replace("engine = \"swarm\"\n", head)
+            .replace("{extra}", "")
+            .replace("{on_failure}", "rollback")
+            .replace("{body}", "hi")
+    };
+    let ok = crate::source::file::parse(
+        Path::new("/tmp/berth.toml"),
+        &with("engine = \"swarm\"\n[swarm]\nregistry = \"127.0.0.1:5000/berth\"\n"),
+    )
+    .unwrap();
+    assert_eq!(ok.swarm.registry.as_deref(), Some("127.0.0.1:5000/berth"));
+    // File, line, field and what is allowed.
+    let errs = crate::source::file::parse(
+        Path::new("/tmp/berth.toml"),
+        &with("engine = \"swarm\"\n[swarm]\nregistry = \"https://r.example\"\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errs.contains("/tmp/berth.toml:4")
+            && errs.contains("swarm.registry: must be a registry host"),
+        "{errs}"
+    );
+    let errs = crate::source::file::parse(
+        Path::new("/tmp/berth.toml"),
+        &with("[swarm]\nregistry = \"127.0.0.1:5000\"\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        errs.contains("swarm: applies only with engine = \"swarm\""),
+        "{errs}"
+    );
+    let errs = crate::source::file::parse(
+        Path::new("/tmp/berth.toml"),
+        &with("engine = \"swarm\"\n[swarm]\nregistery = \"x\"\n"),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(errs.contains("registery"), "{errs}");
 }

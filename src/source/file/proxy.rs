@@ -21,6 +21,7 @@ const ROOT_KEYS: &[&str] = &[
     "state_dir",
     "tune_host",
     "engine",
+    "swarm",
     "envoy_gateway",
     "serve",
     "proxy",
@@ -52,6 +53,7 @@ pub(super) struct Root {
     pub state_dir: Option<PathBuf>,
     pub tune_host: bool,
     pub engine: crate::infrastructure::EngineKind,
+    pub swarm: crate::infrastructure::SwarmSettings,
     pub infra: ir::Infra,
     pub envoy_gateway: Option<EnvoyGateway>,
     pub serve: super::serve::ServeSection,
@@ -91,6 +93,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
         Some(cx.resolve(s.v))
     });
     let engine = super::swarm::engine(cx, t);
+    let swarm = super::swarm::settings(cx, t, engine);
     let gateway = gateway::section(cx, t);
     let serve = super::serve::section(cx, t);
     let proxies = t.tables(cx, "proxy", PROXY_KEYS);
@@ -124,6 +127,7 @@ pub(super) fn root(cx: &mut Ctx, t: &Tbl) -> Root {
         state_dir,
         tune_host,
         engine,
+        swarm,
         infra,
         envoy_gateway: gateway.map(|(g, _)| g),
         serve,

@@ -6,6 +6,7 @@ use crate::infrastructure::EngineKind;
 use crate::ir;
 
 const SWARM_KEYS: &[&str] = &["mode", "constraints"];
+const ROOT_SWARM_KEYS: &[&str] = &["registry"];
 /// The node attributes a Swarm placement constraint may test (Docker's `--constraint`).
 const CONSTRAINT_ATTRIBUTES: &[&str] = &[
     "node.id",
@@ -36,6 +37,67 @@ pub(super) fn engine(cx: &mut Ctx, t: &Tbl) -> EngineKind {
             }
         },
     }
+}
+
+/// The top-level `[swarm]`: `registry = "host[:port][/path]"` (only with engine = "swarm").
+pub(super) fn settings(
+    cx: &mut Ctx,
+    t: &Tbl,
+    engine: EngineKind,
+) -> crate::infrastructure::SwarmSettings {
+    let mut out = crate::infrastructure::SwarmSettings::default();
+    let Some(s) = t.sub(cx, "swarm", ROOT_SWARM_KEYS) else {
+        return out;
+    };
+    if engine != EngineKind::Swarm {
+        cx.err(
+            &t.key_span("swarm"),
+            &t.field("swarm"),
+            "applies only with engine = \"swarm\" at the top level (this config runs on one Docker host); remove it or set engine = \"swarm\"",
+        );
+        return out;
+    }
+    if let Some(r) = s.str(cx, "registry") {
+        match registry(r.v) {
+            Ok(v) => out.registry = Some(v),
+            Err(m) => r.err(cx, m),
+        }
+    }
+    out
+}
+
+/// A registry and repository path the derived image is pushed under: `host[:port][/path]`,
+/// without a scheme, tag or digest.
+fn registry(s: &str) -> Result<String, String> {
+    let allowed = "must be a registry host with an optional port and repository path, \"host[:port][/path]\" (e.g. \"registry.example.com:5000/berth\"), without a scheme, tag or digest: berth pushes the agent image there as <registry>/berth-agent/envoy:<hash>";
+    let bad = || Err(format!("{allowed}; got {}", show(s)));
+    let s = s.trim_end_matches('/');
+    let (host, path) = s.split_once('/').unwrap_or((s, ""));
+    let (name, port) = match host.rsplit_once(':') {
+        Some((n, p)) => (n, Some(p)),
+        None => (host, None),
+    };
+    let host_ok = !name.is_empty()
+        && name
+            .split('.')
+            .all(|l| !l.is_empty() && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-'));
+    let port_ok = port.is_none_or(|p| p.parse::<u16>().is_ok_and(|p| p > 0));
+    // Docker's repository path components: lowercase alphanumerics, separated by . _ __ -.
+    let path_ok = path.is_empty()
+        || path.split('/').all(|c| {
+            !c.is_empty()
+                && c.chars()
+                    .all(|ch| ch.is_ascii_lowercase() || ch.is_ascii_digit() || "._-".contains(ch))
+                && c.starts_with(|ch: char| ch.is_ascii_alphanumeric())
+                && c.ends_with(|ch: char| ch.is_ascii_alphanumeric())
+        });
+    // A first component without a dot or port and not localhost is a Docker Hub user, not a
+    // registry host.
+    let is_host = name.contains('.') || port.is_some() || name == "localhost";
+    if s.contains("://") || !host_ok || !port_ok || !path_ok || !is_host {
+        return bad();
+    }
+    Ok(s.to_string())
 }
 
 /// `[proxy.swarm]`: `mode = "replicated" | "global"`, `constraints = ["node.labels.edge == true"]`.
@@ -135,7 +197,31 @@ pub(super) fn only_on_swarm(cx: &mut Ctx, engine: EngineKind, proxies: &[Tbl]) {
 
 #[cfg(test)]
 mod tests {
-    use super::constraint;
+    use super::{constraint, registry};
+
+    #[test]
+    fn registries_are_hosts_with_optional_port_and_path() {
+        for good in [
+            "127.0.0.1:5000",
+            "registry.example.com/berth",
+            "localhost:5000/a/b-c",
+        ] {
+            assert_eq!(registry(good).unwrap(), good);
+        }
+        assert_eq!(registry("r.example:5000/x/").unwrap(), "r.example:5000/x");
+        for bad in [
+            "http://r.example:5000",
+            "berth",
+            "r.example/Upper",
+            "r.example:0",
+            "r.example/x:tag",
+            "r.example/x@sha256:00",
+            "",
+        ] {
+            let e = registry(bad).unwrap_err();
+            assert!(e.contains("host[:port][/path]"), "{bad}: {e}");
+        }
+    }
 
     #[test]
     fn constraints_are_checked_and_normalized() {
