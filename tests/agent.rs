@@ -8,6 +8,8 @@
 //! - `docker stop` of a replica with a sibling on the same port loses no request, under
 //!   keep-alive and under connection-per-request load: the agent drains Envoy first;
 //! - Envoy killed: the agent exits with 128+9; an image whose entrypoint fails: its code.
+//!
+//! The derived images these tests built are removed when the last of them ends.
 
 mod common;
 
@@ -146,6 +148,7 @@ fn deliver(dir: &Path, name: &str, text: &str) {
 
 #[tokio::test]
 async fn healthy_only_once_the_listener_is_bound_and_the_versions_are_reported() {
+    let _images = common::agent::ImagesGuard::new();
     let engine = engine().await;
     let image = common::agent::image(&engine, NEW).await;
     let cleanup = Cleanup::new("agent-health");
@@ -219,6 +222,7 @@ async fn stop(engine: &DockerEngine, id: &str) -> (Duration, i64) {
 
 #[tokio::test]
 async fn docker_stop_drains_with_a_sibling_on_the_port_and_loses_nothing() {
+    let _images = common::agent::ImagesGuard::new();
     let _host = HostGuard::new();
     // What berth prepares on every host: queued connections of a closing listener move to a
     // sibling (connection-per-request clients keep a listener busy until it closes).
@@ -287,6 +291,7 @@ fn envoy_pid(agent_pid: i64) -> i32 {
 
 #[tokio::test]
 async fn envoy_killed_or_failing_at_start_ends_the_agent_with_its_status() {
+    let _images = common::agent::ImagesGuard::new();
     let engine = engine().await;
     let image = common::agent::image(&engine, NEW).await;
     let cleanup = Cleanup::new("agent-exit");

@@ -12,141 +12,15 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use common::fleet::{
     assert_no_failures, docker, ensure_images, events, stderr, Fleet, Settings, NEW, OLD,
 };
-use common::{free_port, short_tempdir};
+use common::short_tempdir;
 
-const REGISTRY: &str = "/usr/bin/docker-registry";
-const USER: &str = "berth";
-
-/// The registry process and its storage; killed and removed on drop, with the local tag.
-struct Registry {
-    child: Child,
-    dir: tempfile::TempDir,
-    host: String,
-    /// The tag the test pushes, `<host>/envoy:edge`.
-    image: String,
-    password: String,
-}
-
-impl Registry {
-    fn start() -> Registry {
-        let dir = short_tempdir();
-        let port = free_port();
-        let host = format!("127.0.0.1:{port}");
-        let password = format!("pw-{}", common::unique("r"));
-        let htpasswd = Command::new("htpasswd")
-            .args(["-Bbn", USER, &password])
-            .output()
-            .expect("htpasswd (apache2-utils)");
-        assert!(htpasswd.status.success());
-        std::fs::write(dir.path().join("htpasswd"), &htpasswd.stdout).unwrap();
-        let config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\nhttp:\n  addr: {host}\nauth:\n  htpasswd:\n    realm: berth-test\n    path: {root}/htpasswd\n",
-            root = dir.path().display()
-        );
-        std::fs::write(dir.path().join("config.yml"), config).unwrap();
-        let log = std::fs::File::create(dir.path().join("registry.log")).unwrap();
-        let child = Command::new(REGISTRY)
-            .arg("serve")
-            .arg(dir.path().join("config.yml"))
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("docker-registry");
-        let registry = Registry {
-            child,
-            image: format!("{host}/envoy:edge"),
-            host,
-            dir,
-            password,
-        };
-        // Up when /v2/ asks for credentials.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let out = Command::new("curl")
-                .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
-                .arg(format!("http://{}/v2/", registry.host))
-                .output()
-                .unwrap();
-            if String::from_utf8_lossy(&out.stdout) == "401" {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the registry did not start: {}",
-                std::fs::read_to_string(registry.dir.path().join("registry.log"))
-                    .unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        registry
-    }
-
-    /// Pushes `local` under the test's tag, logged in through `config`, then points the local
-    /// tag back at `OLD`: only a pull from the registry can tell that the tag moved.
-    fn push(&self, local: &str, config: &Path) {
-        docker(&["tag", local, &self.image]);
-        let out = Command::new("docker")
-            .env("DOCKER_CONFIG", config)
-            .args(["push", &self.image])
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "docker push: {}", stderr(&out));
-        docker(&["rmi", &self.image]);
-    }
-
-    /// A Docker client config dir logged in to this registry with `docker login`.
-    fn login(&self) -> tempfile::TempDir {
-        let config = short_tempdir();
-        let mut login = Command::new("docker")
-            .env("DOCKER_CONFIG", config.path())
-            .args(["login", "-u", USER, "--password-stdin", &self.host])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        use std::io::Write;
-        login
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(self.password.as_bytes())
-            .unwrap();
-        let out = login.wait_with_output().unwrap();
-        assert!(out.status.success(), "docker login: {}", stderr(&out));
-        config
-    }
-}
-
-impl Drop for Registry {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = Command::new("docker").args(["rmi", &self.image]).output();
-        // Pulled images keep a digest reference (`<host>/envoy@sha256:…`) once untagged.
-        let repo = self.image.rsplit_once(':').map_or(&*self.image, |(r, _)| r);
-        if let Ok(out) = Command::new("docker")
-            .args([
-                "images",
-                "--digests",
-                "--format",
-                "{{.Repository}}@{{.Digest}}",
-            ])
-            .arg(repo)
-            .output()
-        {
-            for reference in String::from_utf8_lossy(&out.stdout).split_whitespace() {
-                let _ = Command::new("docker").args(["rmi", reference]).output();
-            }
-        }
-    }
-}
+use common::registry::{Registry, REGISTRY, USER};
 
 fn image_id(image: &str) -> String {
     let out = Command::new("docker")

@@ -135,6 +135,7 @@ async fn proxies_on_a_single_node_swarm() {
     a_service_changed_by_hand_is_put_back(&case);
     down_removes_services_configs_and_secrets(&case);
     drop(case);
+    the_agent_image_is_pushed_to_the_registry(&guard);
     global_mode_and_placement(&mut guard);
     the_eg_remote_provider_creates_a_proxy_on_the_swarm(&guard).await;
 }
@@ -151,6 +152,7 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         assert!(r["node"].as_str().is_some_and(|n| !n.is_empty()), "{r}");
         assert_eq!(r["image"], OLD, "{r}");
     }
+    each_envoy_has_its_own_node_id(case, &rows);
     // One socket per task (concurrency 1), all bound to the one port with SO_REUSEPORT.
     assert_eq!(listening_sockets(port), 3);
     assert_eq!(listening_sockets(tls_port), 3);
@@ -215,6 +217,44 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     assert_eq!(service("berth-swedge")["Version"]["Index"], version);
     let diff = case.berth(&["diff"]);
     assert!(diff.status.success());
+}
+
+/// Every task's Envoy runs with its own `--service-node` (Swarm's task name, which the agent
+/// puts in from the `{{.Task.Name}}` template), and `berth status` shows it.
+fn each_envoy_has_its_own_node_id(case: &SwarmCase, rows: &[serde_json::Value]) {
+    let shown: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| r["service_node"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(shown.len(), rows.len(), "one node id per task: {rows:?}");
+    assert!(
+        shown.iter().all(|n| n.starts_with("berth-swedge.")),
+        "{shown:?}"
+    );
+    // What the Envoy processes on this host were started with.
+    let ps = std::process::Command::new("ps")
+        .args(["-eo", "args"])
+        .output()
+        .unwrap();
+    let running: std::collections::BTreeSet<String> = String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .filter(|l| !l.contains("berth-agent"))
+        .filter_map(|l| {
+            let mut words = l.split_whitespace();
+            words.find(|w| *w == "--service-node")?;
+            words
+                .next()
+                .filter(|n| n.starts_with("berth-swedge."))
+                .map(str::to_string)
+        })
+        .collect();
+    assert_eq!(running, shown, "the node ids Envoy runs with");
+    let table = case.berth(&["status"]);
+    let table = String::from_utf8_lossy(&table.stdout);
+    assert!(table.contains("ENVOY-NODE"), "{table}");
+    for node in &shown {
+        assert!(table.contains(node.as_str()), "{table}");
+    }
 }
 
 async fn rolling_upgrades_lose_no_request(
@@ -334,10 +374,110 @@ fn down_removes_services_configs_and_secrets(case: &SwarmCase) {
     assert_eq!(services.len(), 1);
     assert!(configs.len() >= 5, "{configs:?}");
     assert_eq!(secrets.len(), 1, "{secrets:?}");
-    let out = case.berth(&["down"]);
+    let image = service("berth-swedge")["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(image.starts_with("berth-agent/envoy:"), "{image}");
+    // Without the config, `down` finds the Swarm's services too (the engine manages a Swarm):
+    // without --all it names what it would remove and refuses, as on one host.
+    let out = case.berth_with(&[], false, &["down"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("swedge (3 replicas)") && err.contains("--all"),
+        "{err}"
+    );
+    assert_eq!(case.guard.objects().0, vec!["berth-swedge".to_string()]);
+    let out = case.berth_with(&[], false, &["down", "--all"]);
     assert!(out.status.success());
     assert_eq!(case.guard.objects(), (vec![], vec![], vec![]));
     assert!(task_containers("berth-swedge").is_empty());
+    // The agent image it built, unused now, went with it.
+    assert!(
+        !agent_images().contains(&image),
+        "{image} is left: {:?}",
+        agent_images()
+    );
+}
+
+/// `[swarm] registry`: berth tags the agent image under the registry, pushes it with the Docker
+/// client's credentials (a DOCKER_CONFIG logged in to a real registry on 127.0.0.1), and the
+/// service runs it by digest; a registry that cannot be reached is a clear error and the
+/// running tasks stay.
+fn the_agent_image_is_pushed_to_the_registry(guard: &SwarmGuard) {
+    for tool in [common::registry::REGISTRY, "/usr/bin/htpasswd"] {
+        if !std::path::Path::new(tool).exists() {
+            common::skip(
+                "registry push",
+                &format!("{tool} is missing (.ci/run installs docker-registry and apache2-utils)"),
+            );
+            return;
+        }
+    }
+    let registry = common::registry::Registry::start();
+    let login = registry.login();
+    let env = [("DOCKER_CONFIG", login.path())];
+    let case = SwarmCase::new(guard);
+    let port = free_port();
+    let toml = |registry: &str, image: &str| {
+        format!(
+            "[swarm]\nregistry = \"{registry}\"\n{}",
+            proxy_toml("swreg", image, 2, port, "")
+        )
+    };
+    case.write(&toml(&format!("{}/berth-test", registry.host), OLD));
+    let out = case.berth_with(&env, true, &["up"]);
+    assert!(out.status.success(), "up with a registry");
+    let image = service("berth-swreg")["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let repo = format!("{}/berth-test/berth-agent/envoy", registry.host);
+    let (tagged, digest) = image.split_once('@').expect("pinned by digest");
+    let tag = tagged
+        .strip_prefix(&format!("{repo}:"))
+        .unwrap_or_else(|| panic!("{image} is not under {repo}"));
+    // The registry serves that tag with that digest.
+    let (status, head) = registry.api(
+        &format!("/v2/berth-test/berth-agent/envoy/manifests/{tag}"),
+        "application/vnd.docker.distribution.manifest.v2+json",
+    );
+    assert_eq!(status, 200, "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains(&format!("docker-content-digest: {digest}")),
+        "{head}"
+    );
+    // Every task runs the registry's reference.
+    let tasks = task_containers("berth-swreg");
+    assert_eq!(tasks.len(), 2);
+    for id in &tasks {
+        assert_eq!(
+            docker_ok(&["inspect", "-f", "{{.Config.Image}}", id]),
+            image
+        );
+    }
+    assert_eq!(get(port), Some(200));
+    // A registry nobody answers at: berth says which setting, and nothing rolls.
+    case.write(&toml("127.0.0.1:1/berth-test", NEW));
+    let out = case.berth_with(&env, true, &["up"]);
+    assert!(!out.status.success());
+    let err = stderr(&out);
+    assert!(
+        err.contains("[swarm] registry 127.0.0.1:1/berth-test"),
+        "{err}"
+    );
+    assert_eq!(task_containers("berth-swreg"), tasks);
+    let out = case.berth_with(&env, true, &["down"]);
+    assert!(out.status.success());
+    assert!(
+        agent_images()
+            .iter()
+            .all(|i| !i.starts_with(&registry.host)),
+        "{:?}",
+        agent_images()
+    );
 }
 
 fn global_mode_and_placement(guard: &mut SwarmGuard) {

@@ -46,3 +46,67 @@ pub async fn image(engine: &dyn ContainerEngine, base: &str) -> String {
         .await
         .unwrap_or_else(|e| panic!("building the agent image of {base}: {e:#}"))
 }
+
+/// Removes the derived images the tests of this binary built once the last test using them
+/// ends (also on failure): hold one for the whole test, declared first so it drops last (after
+/// the test's containers are gone). A test that starts after the removal builds the image again.
+pub struct ImagesGuard;
+
+static USERS: std::sync::Mutex<(usize, Vec<String>)> = std::sync::Mutex::new((0, Vec::new()));
+
+impl ImagesGuard {
+    pub fn new() -> ImagesGuard {
+        let mut users = USERS.lock().unwrap_or_else(|e| e.into_inner());
+        if users.0 == 0 {
+            users.1 = agent_images();
+        }
+        users.0 += 1;
+        ImagesGuard
+    }
+}
+
+impl Drop for ImagesGuard {
+    fn drop(&mut self) {
+        let mut users = USERS.lock().unwrap_or_else(|e| e.into_inner());
+        users.0 -= 1;
+        if users.0 == 0 {
+            remove_agent_images_except(&users.1);
+        }
+    }
+}
+
+fn docker_stdout(args: &[&str]) -> String {
+    let out = std::process::Command::new("docker")
+        .args(args)
+        .output()
+        .expect("running docker");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Every name of a derived agent image (`berth-agent/envoy:*`, also under a registry), by its
+/// label.
+pub fn agent_images() -> Vec<String> {
+    docker_stdout(&[
+        "images",
+        "--filter",
+        &format!("label={}", berth::agent::image::LABEL_BINARY),
+        "--format",
+        "{{.Repository}}:{{.Tag}}",
+    ])
+    .lines()
+    .filter(|l| !l.is_empty() && !l.ends_with(":<none>"))
+    .map(str::to_string)
+    .collect()
+}
+
+/// Removes the derived agent images not in `keep` (those a test built); an image still in use
+/// stays.
+pub fn remove_agent_images_except(keep: &[String]) {
+    for image in agent_images() {
+        if !keep.contains(&image) {
+            let _ = std::process::Command::new("docker")
+                .args(["rmi", &image])
+                .output();
+        }
+    }
+}

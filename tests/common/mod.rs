@@ -11,6 +11,7 @@ pub mod eg;
 pub mod fleet;
 pub mod host;
 pub mod load;
+pub mod registry;
 pub mod serve;
 pub mod swarm;
 pub mod tls;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+pub use super::agent::{agent_images, remove_agent_images_except};
 use super::host::HostGuard;
 use super::{short_tempdir, Cleanup, LABEL_TEST_CASE};
 
@@ -56,6 +57,8 @@ pub struct SwarmGuard {
     made: bool,
     /// Labels the test added to this node (removed on drop).
     node_labels: Vec<String>,
+    /// The derived agent images present before the test (those built during it go on drop).
+    images_before: Vec<String>,
     pub cleanup: Cleanup,
     _host: HostGuard,
 }
@@ -94,6 +97,7 @@ impl SwarmGuard {
             lock,
             made,
             node_labels: Vec::new(),
+            images_before: agent_images(),
             cleanup: Cleanup::new(test),
             _host: host,
         })
@@ -158,6 +162,7 @@ impl SwarmGuard {
 impl Drop for SwarmGuard {
     fn drop(&mut self) {
         self.remove_objects();
+        remove_agent_images_except(&self.images_before);
         let me = docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]);
         for key in &self.node_labels {
             let _ = docker(&["node", "update", "--label-rm", key, &me]);
@@ -283,11 +288,23 @@ impl<'a> SwarmCase<'a> {
 
     /// `berth <args>` on this case's config and state, with the test's labels.
     pub fn berth(&self, args: &[&str]) -> Output {
-        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
+        self.berth_with(&[], true, args)
+    }
+
+    /// `berth <args>` with `env` set; with `-f <config>` when `config`, else from a directory
+    /// without a berth.toml (the state directory still named).
+    pub fn berth_with(&self, env: &[(&str, &Path)], config: bool, args: &[&str]) -> Output {
+        let elsewhere = short_tempdir();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
             .env("BERTH_AGENT_BINARY", agent_binary())
-            .arg("-f")
-            .arg(self.config())
+            .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())));
+        if config {
+            cmd.arg("-f").arg(self.config());
+        } else {
+            cmd.current_dir(elsewhere.path());
+        }
+        let out = cmd
             .arg("--state-dir")
             .arg(self.state())
             .args(["--container-label", "io.berth.test=1"])
