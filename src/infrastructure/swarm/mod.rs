@@ -55,6 +55,9 @@ pub struct Swarm {
     registry: Option<String>,
     /// How many nodes the Swarm had when berth connected.
     nodes: usize,
+    /// Derived images this process pushed already, local tag → pinned registry reference
+    /// (serve converges again and again: one push per image is enough).
+    pushed: std::sync::Mutex<BTreeMap<String, String>>,
     /// "Swarm of 1 node(s), manager Docker Engine 20.10.24 at unix://…".
     description: String,
 }
@@ -121,6 +124,7 @@ impl Swarm {
             host_network,
             registry: settings.registry,
             nodes,
+            pushed: Default::default(),
             description,
         })
     }
@@ -250,8 +254,17 @@ impl Swarm {
             match &self.registry {
                 None => local,
                 Some(registry) => {
+                    let known = self
+                        .pushed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&local)
+                        .cloned();
+                    if let Some(pinned) = known {
+                        return Ok(self.agent_entrypoint(target, pinned));
+                    }
                     reporter.waiting(format!("{name}: pushing the agent image to {registry}"));
-                    crate::agent::image::publish(
+                    let pinned = crate::agent::image::publish(
                         &*self.engine,
                         &local,
                         registry,
@@ -262,7 +275,12 @@ impl Swarm {
                         problem: format!(
                             "the agent image {local} could not be pushed to [swarm] registry {registry}: {e:#}"
                         ),
-                    })?
+                    })?;
+                    self.pushed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(local, pinned.clone());
+                    pinned
                 }
             }
         } else {
@@ -281,8 +299,13 @@ impl Swarm {
                 Some(registry) => crate::agent::image::in_registry(&local, registry),
             }
         };
+        Ok(self.agent_entrypoint(target, image))
+    }
+
+    /// The agent's settings for `target`'s tasks, running `image`.
+    fn agent_entrypoint(&self, target: &Target, image: String) -> Entrypoint {
         let version = config_version(target);
-        Ok(Entrypoint::Agent(service::AgentSettings {
+        Entrypoint::Agent(service::AgentSettings {
             image,
             env: crate::agent::service_env(
                 &target.desired.shutdown,
@@ -294,7 +317,7 @@ impl Swarm {
                 .map(|s| s.to_string())
                 .collect(),
             stop_grace_period: crate::agent::stop_grace_period(&target.desired.shutdown),
-        }))
+        })
     }
 
     /// The Docker client's credentials for `[swarm] registry`, sent with a service's spec so
