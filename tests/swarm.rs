@@ -612,8 +612,18 @@ remote = "unix://{sock}"
         common::serve::http_get(http, "/"),
         Some((200, "hello from eg\n".to_string()))
     );
+    // Each task's Envoy connects to the xDS server with its own node id, the one status shows.
+    let nodes: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| r["service_node"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert_eq!(nodes.len(), 2, "{rows:?}");
     assert!(
-        xds_server.nodes_seen().contains("berth-default-eg"),
+        nodes.iter().all(|n| n.starts_with("berth-default-eg.")),
+        "{nodes:?}"
+    );
+    assert!(
+        xds_server.nodes_seen().is_superset(&nodes),
         "{:?}",
         xds_server.nodes_seen()
     );

@@ -102,11 +102,21 @@ pub fn agent_images() -> Vec<String> {
 /// Removes the derived agent images not in `keep` (those a test built); an image still in use
 /// stays.
 pub fn remove_agent_images_except(keep: &[String]) {
-    for image in agent_images() {
-        if !keep.contains(&image) {
+    // An exited container the engine is still removing holds its image for a moment.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    loop {
+        let left: Vec<String> = agent_images()
+            .into_iter()
+            .filter(|i| !keep.contains(i))
+            .collect();
+        for image in &left {
             let _ = std::process::Command::new("docker")
-                .args(["rmi", &image])
+                .args(["rmi", image])
                 .output();
         }
+        if left.is_empty() || std::time::Instant::now() > deadline {
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
     }
 }

@@ -162,7 +162,6 @@ impl SwarmGuard {
 impl Drop for SwarmGuard {
     fn drop(&mut self) {
         self.remove_objects();
-        remove_agent_images_except(&self.images_before);
         let me = docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]);
         for key in &self.node_labels {
             let _ = docker(&["node", "update", "--label-rm", key, &me]);
@@ -176,6 +175,8 @@ impl Drop for SwarmGuard {
                 );
             }
         }
+        // Exited task containers still hold the images until the Swarm is left.
+        remove_agent_images_except(&self.images_before);
         drop(self.lock.take());
     }
 }
