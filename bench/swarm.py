@@ -72,8 +72,10 @@ direct_response = {{ status = 200, body = "{name}\\n" }}
 
 
 def berth_cmd(binary, cfg, state, *args, agent=True):
-    env = ["env", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
-    env += [f"BERTH_AGENT_BINARY={AGENT}"] if agent else ["-u", "BERTH_AGENT_BINARY"]
+    # env's options (-u) come before its assignments.
+    env = ["env"] + ([] if agent else ["-u", "BERTH_AGENT_BINARY"])
+    env += [f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
+    env += [f"BERTH_AGENT_BINARY={AGENT}"] if agent else []
     return env + [binary, "-f", cfg, "--state-dir", state, "--container-label", LABEL, *args]
 
 
