@@ -227,7 +227,7 @@ impl Infrastructure for DockerHost {
         } else {
             run.copy_tls(target)?;
         }
-        run.write_generation(target)?;
+        run.write_generation(target).await?;
         let delivery = if req.hold_files {
             Delivery::Held
         } else {
