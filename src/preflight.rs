@@ -41,7 +41,12 @@ pub struct Listening {
 
 /// Fails when a listener port of `infra` is held by a process that is not one of berth's
 /// replicas (`replica_pids`). The message names the port and, where it can, the process.
-pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
+/// `fleet_uid`: see [`listening_tcp_ports_owned`].
+pub fn check_ports(
+    infra: &Infra,
+    replica_pids: &BTreeSet<u32>,
+    fleet_uid: Option<u32>,
+) -> Result<()> {
     let wanted: BTreeMap<u16, (IpAddr, &str)> = infra
         .proxies
         .iter()
@@ -51,7 +56,8 @@ pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
                 .map(move |(address, port)| (port, (address, p.name.as_str())))
         })
         .collect();
-    let busy = listening_tcp_ports_owned(&wanted.keys().copied().collect(), replica_pids)?;
+    let busy =
+        listening_tcp_ports_owned(&wanted.keys().copied().collect(), replica_pids, fleet_uid)?;
     let mut problems = Vec::new();
     for held in busy {
         let (address, proxy) = wanted[&held.port];
@@ -176,7 +182,7 @@ fn shown(a: IpAddr) -> String {
 
 /// The listening TCP sockets (v4 and v6) on the given ports, with their owning processes.
 pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
-    listening_tcp_ports_owned(ports, &BTreeSet::new())
+    listening_tcp_ports_owned(ports, &BTreeSet::new(), None)
 }
 
 /// Like [`listening_tcp_ports`], looking first at the file descriptors of `likely_owners`
@@ -184,13 +190,19 @@ pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
 /// them holds send the search through every other process (each fd of each process is a
 /// readlink, thousands on a busy host). A socket is owned by the process that holds it; one
 /// also held by a foreign process through an inherited descriptor is not looked for.
+///
+/// `fleet_uid`: a user whose every process is one of `likely_owners` (the replicas' user, when
+/// nothing else runs as it). Its sockets are the fleet's and are left out without reading a
+/// descriptor: a socket belongs to the user that opened it, and only the fleet runs as that
+/// user.
 pub fn listening_tcp_ports_owned(
     ports: &BTreeSet<u16>,
     likely_owners: &BTreeSet<u32>,
+    fleet_uid: Option<u32>,
 ) -> Result<Vec<Listening>> {
     let mut inodes: BTreeMap<u64, (IpAddr, u16)> = BTreeMap::new();
-    for (address, port, inode) in listen_sockets() {
-        if ports.contains(&port) {
+    for (address, port, inode, uid) in listen_sockets() {
+        if ports.contains(&port) && Some(uid) != fleet_uid {
             inodes.insert(inode, (address, port));
         }
     }
@@ -231,16 +243,19 @@ pub fn listening_tcp_ports_owned(
 /// of the kernel through sock_diag netlink, which walks only the listening sockets, else read
 /// from /proc/net/tcp{,6}. Those files cost a walk of the whole established-connection hash
 /// table (hundreds of thousands of buckets on a host with memory, ~2 ms) for every read call.
-pub fn listen_sockets() -> Vec<(IpAddr, u16, u64)> {
+pub fn listen_sockets() -> Vec<Sock> {
     if let Some(found) = diag::listening_tcp() {
         return found;
     }
     ["/proc/net/tcp", "/proc/net/tcp6"]
         .iter()
         .filter_map(|table| read_proc_table(table))
-        .flat_map(|text| parse_listen_table(&text))
+        .flat_map(|text| parse_listen_rows(&text))
         .collect()
 }
+
+/// A listening socket: local address, local port, inode, and the uid it belongs to.
+pub type Sock = (IpAddr, u16, u64, u32);
 
 /// A /proc/net table, read in large chunks: each read() restarts the kernel's walk.
 fn read_proc_table(path: &str) -> Option<String> {
@@ -256,6 +271,8 @@ fn read_proc_table(path: &str) -> Option<String> {
 mod diag {
     use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
+    use super::Sock;
+
     const SOCK_DIAG_BY_FAMILY: u16 = 20;
     const TCP_LISTEN: u32 = 10;
     const NLMSG_HDR: usize = 16;
@@ -265,7 +282,7 @@ mod diag {
     const MSG_LEN: usize = 72;
 
     /// None when netlink is not available (then /proc is read instead).
-    pub fn listening_tcp() -> Option<Vec<(IpAddr, u16, u64)>> {
+    pub fn listening_tcp() -> Option<Vec<Sock>> {
         let mut out = Vec::new();
         for family in [libc::AF_INET, libc::AF_INET6] {
             out.extend(dump(family as u8)?);
@@ -273,7 +290,7 @@ mod diag {
         Some(out)
     }
 
-    fn dump(family: u8) -> Option<Vec<(IpAddr, u16, u64)>> {
+    fn dump(family: u8) -> Option<Vec<Sock>> {
         // SAFETY: a plain socket(2); the descriptor is owned by `Fd` and closed on drop.
         let fd = unsafe {
             libc::socket(
@@ -343,9 +360,9 @@ mod diag {
         }
     }
 
-    /// One inet_diag_msg: (source address, source port, inode). Ports and addresses are in
-    /// network byte order.
-    fn parse(m: &[u8]) -> Option<(IpAddr, u16, u64)> {
+    /// One inet_diag_msg: (source address, source port, inode, uid). Ports and addresses are
+    /// in network byte order.
+    fn parse(m: &[u8]) -> Option<Sock> {
         let family = m[0];
         let port = u16::from_be_bytes([m[4], m[5]]);
         let src = &m[8..24];
@@ -354,8 +371,9 @@ mod diag {
         } else {
             IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(src).ok()?))
         };
+        let uid = u32::from_ne_bytes(m[64..68].try_into().ok()?);
         let inode = u32::from_ne_bytes(m[68..72].try_into().ok()?);
-        Some((address, port, u64::from(inode)))
+        Some((address, port, u64::from(inode), uid))
     }
 
     struct Fd(i32);
@@ -386,6 +404,14 @@ fn parse_proc_address(hex: &str) -> Option<IpAddr> {
 
 /// (local address, local port, socket inode) of each LISTEN row of a /proc/net/tcp{,6} table.
 fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
+    parse_listen_rows(text)
+        .into_iter()
+        .map(|(address, port, inode, _)| (address, port, inode))
+        .collect()
+}
+
+/// (local address, local port, socket inode, owner uid) of each LISTEN row.
+fn parse_listen_rows(text: &str) -> Vec<Sock> {
     const LISTEN: &str = "0A";
     text.lines()
         .skip(1)
@@ -396,8 +422,9 @@ fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
             }
             let (address, port) = cols[1].split_once(':')?;
             let port = u16::from_str_radix(port, 16).ok()?;
+            let uid = cols[7].parse().ok()?;
             let inode = cols[9].parse().ok()?;
-            Some((parse_proc_address(address)?, port, inode))
+            Some((parse_proc_address(address)?, port, inode, uid))
         })
         .collect()
 }
@@ -438,8 +465,8 @@ pub fn tcp_ports_listened_by(pid: u32) -> BTreeSet<u16> {
     let inodes: BTreeSet<u64> = socket_inodes(pid).into_iter().collect();
     listen_sockets()
         .into_iter()
-        .filter(|(_, _, inode)| inodes.contains(inode))
-        .map(|(_, port, _)| port)
+        .filter(|(_, _, inode, _)| inodes.contains(inode))
+        .map(|(_, port, _, _)| port)
         .collect()
 }
 
@@ -506,6 +533,7 @@ mod tests {
         let from_netlink: BTreeSet<(IpAddr, u16, u64)> = diag::listening_tcp()
             .expect("sock_diag answers")
             .into_iter()
+            .map(|(a, p, i, _)| (a, p, i))
             .collect();
         let port = v4.local_addr().unwrap().port();
         let mine = |set: &BTreeSet<(IpAddr, u16, u64)>| {
@@ -525,13 +553,23 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let me = std::process::id();
-        let found =
-            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([me])).unwrap();
+        let found = listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([me]), None)
+            .unwrap();
         assert_eq!(found[0].pids, BTreeSet::from([me]));
         // Held by none of the likely owners: every process is searched.
         let found =
-            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([1])).unwrap();
+            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([1]), None).unwrap();
         assert!(found[0].pids.contains(&me), "{found:?}");
+        // Sockets of a user only the fleet runs as are the fleet's: not even listed.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        assert!(
+            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::new(), Some(uid))
+                .unwrap()
+                .is_empty()
+        );
+        let netlink = diag::listening_tcp().unwrap();
+        assert!(netlink.iter().any(|(_, p, _, u)| *p == port && *u == uid));
     }
 
     #[test]

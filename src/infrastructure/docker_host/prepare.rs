@@ -34,7 +34,16 @@ impl DockerHost {
         let user_processes = user_processes.await;
         let fleet_pids: BTreeSet<u32> = observed?.iter().filter_map(|c| c.info.pid).collect();
         tracing::debug!(target: "berth::phase", "containers observed");
-        preflight::check_ports(&infra, &fleet_pids).map_err(|e| refuse(format!("{e:#}")))?;
+        // When nothing but the replicas runs as their user, the sockets of that user on the
+        // fleet's ports are the replicas' (no descriptor needs reading to tell).
+        let fleet_uid = match &user_processes {
+            Ok(pids) if !pids.is_empty() && pids.iter().all(|p| fleet_pids.contains(p)) => {
+                Some(uid)
+            }
+            _ => None,
+        };
+        preflight::check_ports(&infra, &fleet_pids, fleet_uid)
+            .map_err(|e| refuse(format!("{e:#}")))?;
         tracing::debug!(target: "berth::phase", "listener ports checked");
         let mut settings = crate::host::Settings::for_host(policy.tune, fleet_pids);
         if let Ok(pids) = user_processes {
