@@ -403,6 +403,7 @@ fn parse_proc_address(hex: &str) -> Option<IpAddr> {
 }
 
 /// (local address, local port, socket inode) of each LISTEN row of a /proc/net/tcp{,6} table.
+#[cfg(test)]
 fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
     parse_listen_rows(text)
         .into_iter()
