@@ -141,6 +141,7 @@ impl Operations {
             host: self.prepare_host(targets, policy).await?,
             ..Default::default()
         };
+        tracing::debug!(target: "berth::phase", "host prepared");
         for note in &report.host.notes {
             reporter.event(crate::progress::Event::new("berth", "host").message(note));
         }

@@ -41,7 +41,12 @@ pub struct Listening {
 
 /// Fails when a listener port of `infra` is held by a process that is not one of berth's
 /// replicas (`replica_pids`). The message names the port and, where it can, the process.
-pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
+/// `fleet_uid`: see [`listening_tcp_ports_owned`].
+pub fn check_ports(
+    infra: &Infra,
+    replica_pids: &BTreeSet<u32>,
+    fleet_uid: Option<u32>,
+) -> Result<()> {
     let wanted: BTreeMap<u16, (IpAddr, &str)> = infra
         .proxies
         .iter()
@@ -51,7 +56,8 @@ pub fn check_ports(infra: &Infra, replica_pids: &BTreeSet<u32>) -> Result<()> {
                 .map(move |(address, port)| (port, (address, p.name.as_str())))
         })
         .collect();
-    let busy = listening_tcp_ports(&wanted.keys().copied().collect())?;
+    let busy =
+        listening_tcp_ports_owned(&wanted.keys().copied().collect(), replica_pids, fleet_uid)?;
     let mut problems = Vec::new();
     for held in busy {
         let (address, proxy) = wanted[&held.port];
@@ -176,15 +182,28 @@ fn shown(a: IpAddr) -> String {
 
 /// The listening TCP sockets (v4 and v6) on the given ports, with their owning processes.
 pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
+    listening_tcp_ports_owned(ports, &BTreeSet::new(), None)
+}
+
+/// Like [`listening_tcp_ports`], looking first at the file descriptors of `likely_owners`
+/// (the fleet's own replicas, which hold its ports on a converged host): only sockets none of
+/// them holds send the search through every other process (each fd of each process is a
+/// readlink, thousands on a busy host). A socket is owned by the process that holds it; one
+/// also held by a foreign process through an inherited descriptor is not looked for.
+///
+/// `fleet_uid`: a user whose every process is one of `likely_owners` (the replicas' user, when
+/// nothing else runs as it). Its sockets are the fleet's and are left out without reading a
+/// descriptor: a socket belongs to the user that opened it, and only the fleet runs as that
+/// user.
+pub fn listening_tcp_ports_owned(
+    ports: &BTreeSet<u16>,
+    likely_owners: &BTreeSet<u32>,
+    fleet_uid: Option<u32>,
+) -> Result<Vec<Listening>> {
     let mut inodes: BTreeMap<u64, (IpAddr, u16)> = BTreeMap::new();
-    for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
-        let Ok(text) = fs::read_to_string(table) else {
-            continue;
-        };
-        for (address, port, inode) in parse_listen_table(&text) {
-            if ports.contains(&port) {
-                inodes.insert(inode, (address, port));
-            }
+    for (address, port, inode, uid) in listen_sockets() {
+        if ports.contains(&port) && Some(uid) != fleet_uid {
+            inodes.insert(inode, (address, port));
         }
     }
     let mut by_bind: BTreeMap<(IpAddr, u16), BTreeSet<u32>> = BTreeMap::new();
@@ -194,9 +213,20 @@ pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
     if inodes.is_empty() {
         return Ok(Vec::new());
     }
-    for (pid, inode) in socket_inodes_by_pid() {
-        if let Some(bind) = inodes.get(&inode) {
-            by_bind.entry(*bind).or_default().insert(pid);
+    let mut unowned: BTreeSet<u64> = inodes.keys().copied().collect();
+    for &pid in likely_owners {
+        for inode in socket_inodes(pid) {
+            if let Some(bind) = inodes.get(&inode) {
+                by_bind.entry(*bind).or_default().insert(pid);
+                unowned.remove(&inode);
+            }
+        }
+    }
+    if !unowned.is_empty() {
+        for (pid, inode) in socket_inodes_by_pid(likely_owners) {
+            if let Some(bind) = inodes.get(&inode) {
+                by_bind.entry(*bind).or_default().insert(pid);
+            }
         }
     }
     Ok(by_bind
@@ -207,6 +237,153 @@ pub fn listening_tcp_ports(ports: &BTreeSet<u16>) -> Result<Vec<Listening>> {
             pids,
         })
         .collect())
+}
+
+/// (local address, local port, socket inode) of every listening TCP socket, v4 and v6: asked
+/// of the kernel through sock_diag netlink, which walks only the listening sockets, else read
+/// from /proc/net/tcp{,6}. Those files cost a walk of the whole established-connection hash
+/// table (hundreds of thousands of buckets on a host with memory, ~2 ms) for every read call.
+pub fn listen_sockets() -> Vec<Sock> {
+    if let Some(found) = diag::listening_tcp() {
+        return found;
+    }
+    ["/proc/net/tcp", "/proc/net/tcp6"]
+        .iter()
+        .filter_map(|table| read_proc_table(table))
+        .flat_map(|text| parse_listen_rows(&text))
+        .collect()
+}
+
+/// A listening socket: local address, local port, inode, and the uid it belongs to.
+pub type Sock = (IpAddr, u16, u64, u32);
+
+/// A /proc/net table, read in large chunks: each read() restarts the kernel's walk.
+fn read_proc_table(path: &str) -> Option<String> {
+    use std::io::Read;
+    let mut f = fs::File::open(path).ok()?;
+    let mut buf = Vec::with_capacity(1 << 16);
+    f.read_to_end(&mut buf).ok()?;
+    String::from_utf8(buf).ok()
+}
+
+/// The listening TCP sockets through the kernel's sock_diag netlink interface (what `ss -lt`
+/// uses): one dump request per address family, answered from the listening hash only.
+mod diag {
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    use super::Sock;
+
+    const SOCK_DIAG_BY_FAMILY: u16 = 20;
+    const TCP_LISTEN: u32 = 10;
+    const NLMSG_HDR: usize = 16;
+    /// struct inet_diag_req_v2.
+    const REQ_LEN: usize = 56;
+    /// struct inet_diag_msg, up to and including idiag_inode.
+    const MSG_LEN: usize = 72;
+
+    /// None when netlink is not available (then /proc is read instead).
+    pub fn listening_tcp() -> Option<Vec<Sock>> {
+        let mut out = Vec::new();
+        for family in [libc::AF_INET, libc::AF_INET6] {
+            out.extend(dump(family as u8)?);
+        }
+        Some(out)
+    }
+
+    fn dump(family: u8) -> Option<Vec<Sock>> {
+        // SAFETY: a plain socket(2); the descriptor is owned by `Fd` and closed on drop.
+        let fd = unsafe {
+            libc::socket(
+                libc::AF_NETLINK,
+                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
+                libc::NETLINK_SOCK_DIAG,
+            )
+        };
+        if fd < 0 {
+            return None;
+        }
+        let fd = Fd(fd);
+        let mut req = [0u8; NLMSG_HDR + REQ_LEN];
+        let total = req.len() as u32;
+        req[0..4].copy_from_slice(&total.to_ne_bytes());
+        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
+        let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
+        req[6..8].copy_from_slice(&flags.to_ne_bytes());
+        req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+        // inet_diag_req_v2: family, protocol, ext, pad, states, then a zeroed sockid.
+        req[NLMSG_HDR] = family;
+        req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
+        let states: u32 = 1 << TCP_LISTEN;
+        req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&states.to_ne_bytes());
+        // SAFETY: sending a buffer we own to the kernel (address: the kernel, pid 0).
+        let sent = unsafe {
+            let mut addr: libc::sockaddr_nl = std::mem::zeroed();
+            addr.nl_family = libc::AF_NETLINK as u16;
+            libc::sendto(
+                fd.0,
+                req.as_ptr().cast(),
+                req.len(),
+                0,
+                (&addr as *const libc::sockaddr_nl).cast(),
+                std::mem::size_of::<libc::sockaddr_nl>() as u32,
+            )
+        };
+        if sent != req.len() as isize {
+            return None;
+        }
+        let mut out = Vec::new();
+        let mut buf = vec![0u8; 1 << 16];
+        loop {
+            // SAFETY: receiving into a buffer we own, at most its length.
+            let n = unsafe { libc::recv(fd.0, buf.as_mut_ptr().cast(), buf.len(), 0) };
+            if n <= 0 {
+                return None;
+            }
+            let mut msgs = &buf[..n as usize];
+            while msgs.len() >= NLMSG_HDR {
+                let len = u32::from_ne_bytes(msgs[0..4].try_into().ok()?) as usize;
+                let kind = u16::from_ne_bytes(msgs[4..6].try_into().ok()?);
+                if len < NLMSG_HDR || len > msgs.len() {
+                    return None;
+                }
+                match kind as i32 {
+                    libc::NLMSG_DONE => return Some(out),
+                    libc::NLMSG_ERROR => return None,
+                    _ if kind == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
+                        out.extend(parse(&msgs[NLMSG_HDR..len]));
+                    }
+                    _ => {}
+                }
+                let aligned = (len + 3) & !3;
+                msgs = &msgs[aligned.min(msgs.len())..];
+            }
+        }
+    }
+
+    /// One inet_diag_msg: (source address, source port, inode, uid). Ports and addresses are
+    /// in network byte order.
+    fn parse(m: &[u8]) -> Option<Sock> {
+        let family = m[0];
+        let port = u16::from_be_bytes([m[4], m[5]]);
+        let src = &m[8..24];
+        let address = if family == libc::AF_INET as u8 {
+            IpAddr::V4(Ipv4Addr::new(src[0], src[1], src[2], src[3]))
+        } else {
+            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(src).ok()?))
+        };
+        let uid = u32::from_ne_bytes(m[64..68].try_into().ok()?);
+        let inode = u32::from_ne_bytes(m[68..72].try_into().ok()?);
+        Some((address, port, u64::from(inode), uid))
+    }
+
+    struct Fd(i32);
+
+    impl Drop for Fd {
+        fn drop(&mut self) {
+            // SAFETY: closing the descriptor this guard owns, once.
+            unsafe { libc::close(self.0) };
+        }
+    }
 }
 
 /// A local address of /proc/net/tcp{,6}: hex of the address in 32-bit words, each in host
@@ -226,7 +403,16 @@ fn parse_proc_address(hex: &str) -> Option<IpAddr> {
 }
 
 /// (local address, local port, socket inode) of each LISTEN row of a /proc/net/tcp{,6} table.
+#[cfg(test)]
 fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
+    parse_listen_rows(text)
+        .into_iter()
+        .map(|(address, port, inode, _)| (address, port, inode))
+        .collect()
+}
+
+/// (local address, local port, socket inode, owner uid) of each LISTEN row.
+fn parse_listen_rows(text: &str) -> Vec<Sock> {
     const LISTEN: &str = "0A";
     text.lines()
         .skip(1)
@@ -237,19 +423,22 @@ fn parse_listen_table(text: &str) -> Vec<(IpAddr, u16, u64)> {
             }
             let (address, port) = cols[1].split_once(':')?;
             let port = u16::from_str_radix(port, 16).ok()?;
+            let uid = cols[7].parse().ok()?;
             let inode = cols[9].parse().ok()?;
-            Some((parse_proc_address(address)?, port, inode))
+            Some((parse_proc_address(address)?, port, inode, uid))
         })
         .collect()
 }
 
-fn socket_inodes_by_pid() -> Vec<(u32, u64)> {
+/// The socket inodes of every process but those in `skip`.
+fn socket_inodes_by_pid(skip: &BTreeSet<u32>) -> Vec<(u32, u64)> {
     let Ok(procs) = fs::read_dir("/proc") else {
         return Vec::new();
     };
     procs
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_string_lossy().parse::<u32>().ok())
+        .filter(|pid| !skip.contains(pid))
         .flat_map(|pid| socket_inodes(pid).into_iter().map(move |i| (pid, i)))
         .collect()
 }
@@ -275,12 +464,10 @@ fn socket_inodes(pid: u32) -> Vec<u64> {
 /// sockets are in the host's tables, so this shows exactly what a replica exposes.
 pub fn tcp_ports_listened_by(pid: u32) -> BTreeSet<u16> {
     let inodes: BTreeSet<u64> = socket_inodes(pid).into_iter().collect();
-    ["/proc/net/tcp", "/proc/net/tcp6"]
-        .iter()
-        .filter_map(|table| fs::read_to_string(table).ok())
-        .flat_map(|text| parse_listen_table(&text))
-        .filter(|(_, _, inode)| inodes.contains(inode))
-        .map(|(_, port, _)| port)
+    listen_sockets()
+        .into_iter()
+        .filter(|(_, _, inode, _)| inodes.contains(inode))
+        .map(|(_, port, _, _)| port)
         .collect()
 }
 
@@ -333,6 +520,57 @@ mod tests {
             found[0].address
         ));
         assert!(binds_collide("0.0.0.0".parse().unwrap(), found[0].address));
+    }
+
+    #[test]
+    fn netlink_and_proc_agree_on_listening_sockets() {
+        let v4 = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let v6 = std::net::TcpListener::bind("[::1]:0").ok();
+        let from_proc: BTreeSet<(IpAddr, u16, u64)> = ["/proc/net/tcp", "/proc/net/tcp6"]
+            .iter()
+            .filter_map(|t| read_proc_table(t))
+            .flat_map(|text| parse_listen_table(&text))
+            .collect();
+        let from_netlink: BTreeSet<(IpAddr, u16, u64)> = diag::listening_tcp()
+            .expect("sock_diag answers")
+            .into_iter()
+            .map(|(a, p, i, _)| (a, p, i))
+            .collect();
+        let port = v4.local_addr().unwrap().port();
+        let mine = |set: &BTreeSet<(IpAddr, u16, u64)>| {
+            set.iter()
+                .filter(|(_, p, _)| {
+                    *p == port || Some(*p) == v6.as_ref().map(|l| l.local_addr().unwrap().port())
+                })
+                .cloned()
+                .collect::<BTreeSet<_>>()
+        };
+        assert!(!mine(&from_netlink).is_empty());
+        assert_eq!(mine(&from_netlink), mine(&from_proc));
+    }
+
+    #[test]
+    fn likely_owners_are_asked_first_and_any_other_holder_is_still_found() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let me = std::process::id();
+        let found = listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([me]), None)
+            .unwrap();
+        assert_eq!(found[0].pids, BTreeSet::from([me]));
+        // Held by none of the likely owners: every process is searched.
+        let found =
+            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::from([1]), None).unwrap();
+        assert!(found[0].pids.contains(&me), "{found:?}");
+        // Sockets of a user only the fleet runs as are the fleet's: not even listed.
+        // SAFETY: geteuid has no preconditions and cannot fail.
+        let uid = unsafe { libc::geteuid() };
+        assert!(
+            listening_tcp_ports_owned(&BTreeSet::from([port]), &BTreeSet::new(), Some(uid))
+                .unwrap()
+                .is_empty()
+        );
+        let netlink = diag::listening_tcp().unwrap();
+        assert!(netlink.iter().any(|(_, p, _, u)| *p == port && *u == uid));
     }
 
     #[test]

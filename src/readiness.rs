@@ -131,18 +131,25 @@ impl fmt::Display for Readiness {
     }
 }
 
-/// Probes one replica: `/ready`, then, when LIVE and ports are expected, `/listeners`.
+/// Probes one replica: `/ready` and, when ports are expected, `/listeners`, both at once (the
+/// listeners answer counts only when Envoy is LIVE).
 pub async fn probe(admin: &dyn AdminApi, expect: &Expect) -> Readiness {
     let not = |reason| Readiness::NotReady { reason };
-    match admin.ready().await {
+    let (ready, listeners) = if expect.ports.is_empty() {
+        (admin.ready().await, None)
+    } else {
+        let (ready, listeners) = futures_util::future::join(admin.ready(), admin.listeners()).await;
+        (ready, Some(listeners))
+    };
+    match ready {
         Err(e) => not(NotReady::AdminUnreachable {
             detail: format!("{e:#}"),
         }),
         Ok(ReadyState::Live) => {
-            if expect.ports.is_empty() {
+            let Some(listeners) = listeners else {
                 return Readiness::Ready;
-            }
-            match admin.listeners().await {
+            };
+            match listeners {
                 Err(e) => not(NotReady::AdminUnreachable {
                     detail: format!("{e:#}"),
                 }),

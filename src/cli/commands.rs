@@ -125,6 +125,12 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
     Ok(())
 }
 
+/// Marks a step of a command at debug level (`BERTH_LOG=berth::phase=debug`): the log's
+/// timestamps show where a command spends its time.
+pub(super) fn phase(what: &str) {
+    tracing::debug!(target: "berth::phase", "{what}");
+}
+
 /// Takes the state directory for `role` (see [`crate::lock`]); with `delegate`, a serve that
 /// holds it is returned instead. Waiting is said once, on stderr, naming the holder.
 async fn writer(cli: &Cli, resolved: &Resolved, role: Role, delegate: bool) -> Result<Writer> {
@@ -138,7 +144,11 @@ async fn writer(cli: &Cli, resolved: &Resolved, role: Role, delegate: bool) -> R
 }
 
 pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
+    // The engine's version answer (the API version to speak) is awaited while the config
+    // renders: it is the first of a no-op's few engine requests.
+    let engine = tokio::spawn(crate::engine::DockerEngine::connect());
     let resolved = Resolved::load(cli)?;
+    phase("config rendered");
     // Held until up returns: nothing else changes the state directory meanwhile.
     let _lock = match writer(cli, &resolved, Role::Up, true).await? {
         Writer::Locked(lock) => lock,
@@ -146,7 +156,9 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
             return up_through_serve(cli, &resolved, force, &holder, &client).await
         }
     };
-    let ops = resolved.operations(cli, true).await?;
+    phase("state directory locked");
+    let ops = resolved.operations_connected(cli, engine).await?;
+    phase("engine connected");
     let reporter = cli.reporter();
     let policy = HostPolicy {
         tune: resolved.tune_host(),
@@ -160,30 +172,37 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
             &reporter,
         )
         .await?;
+    phase("converged");
     // ACME listeners: a missing, mismatched or two-thirds-old certificate is obtained now,
     // through the proxy just converged (it answers the challenge), and delivered like any
     // certificate change. A failure leaves the served certificate as it was.
-    let renderer = cli.renderer()?;
-    let acme_failed: Vec<String> = crate::acme::renew_due(
-        &crate::acme::Converger {
-            ops: &ops,
-            renderer: &renderer,
-            state_dir: &resolved.state_dir,
-            host_cpus: crate::target::host_cpus(),
-            confirm_timeout: crate::delivery::DEFAULT_CONFIRM_TIMEOUT,
-            reporter: &reporter,
-        },
-        &resolved
-            .targets
-            .iter()
-            .map(|t| t.proxy.clone())
-            .collect::<Vec<_>>(),
-        false,
-    )
-    .await
-    .into_iter()
-    .filter_map(|r| r.result.err())
-    .collect();
+    let acme: Vec<crate::ir::ProxyInfra> = resolved
+        .targets
+        .iter()
+        .filter(|t| !crate::acme::listeners(&t.proxy).is_empty())
+        .map(|t| t.proxy.clone())
+        .collect();
+    let acme_failed: Vec<String> = if acme.is_empty() {
+        Vec::new()
+    } else {
+        let renderer = cli.renderer()?;
+        crate::acme::renew_due(
+            &crate::acme::Converger {
+                ops: &ops,
+                renderer: &renderer,
+                state_dir: &resolved.state_dir,
+                host_cpus: crate::target::host_cpus(),
+                confirm_timeout: crate::delivery::DEFAULT_CONFIRM_TIMEOUT,
+                reporter: &reporter,
+            },
+            &acme,
+            false,
+        )
+        .await
+        .into_iter()
+        .filter_map(|r| r.result.err())
+        .collect()
+    };
     for (_, warning) in &report.host.degraded {
         if !cli.quiet {
             eprintln!("warning: {warning}");

@@ -5,7 +5,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 
 use super::{BadInput, Cli, Output};
 use crate::infrastructure::{Caller, EngineKind};
@@ -159,25 +159,58 @@ impl Resolved {
     }
 
     async fn operations_on(&self, kind: EngineKind, cli: &Cli, create: bool) -> Result<Operations> {
+        self.operations_over(kind, cli, create, None).await
+    }
+
+    /// [`Resolved::operations`] over an engine connection begun earlier (see
+    /// [`crate::engine::DockerEngine::connect`]): `up` connects while it renders.
+    pub async fn operations_connected(
+        &self,
+        cli: &Cli,
+        engine: tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
+    ) -> Result<Operations> {
+        let kind = self.config.as_ref().map(|c| c.engine).unwrap_or_default();
+        self.operations_over(kind, cli, true, Some(engine)).await
+    }
+
+    async fn operations_over(
+        &self,
+        kind: EngineKind,
+        cli: &Cli,
+        create: bool,
+        engine: Option<
+            tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
+        >,
+    ) -> Result<Operations> {
         let state = if create {
             StateDir::open(&self.state_dir)?
         } else {
             StateDir::at(&self.state_dir)
         };
-        Ok(Operations::new(
-            crate::infrastructure::connect(
-                kind,
-                &self
-                    .config
-                    .as_ref()
-                    .map(|c| c.swarm.clone())
-                    .unwrap_or_default(),
-                state,
-                cli.container_labels(),
-                Caller::Command,
-            )
-            .await?,
-        ))
+        let labels = cli.container_labels();
+        let swarm = self
+            .config
+            .as_ref()
+            .map(|c| c.swarm.clone())
+            .unwrap_or_default();
+        let infra = match engine {
+            Some(engine) => {
+                let engine = engine.await.context("connecting to the engine")??;
+                crate::infrastructure::connect_with(
+                    engine,
+                    kind,
+                    &swarm,
+                    state,
+                    labels,
+                    Caller::Command,
+                )
+                .await?
+            }
+            None => {
+                crate::infrastructure::connect(kind, &swarm, state, labels, Caller::Command).await?
+            }
+        };
+        Ok(Operations::new(infra))
     }
 }
 

@@ -70,15 +70,27 @@ pub struct Usage {
 /// inotify instances and watches held by processes running as `uid` (effective), except the
 /// processes in `exclude` (the fleet's own replicas, which the fleet's need already counts).
 pub fn usage(uid: u32, exclude: &BTreeSet<u32>) -> Usage {
-    let mut total = Usage::default();
+    usage_of(&processes_of(uid), exclude)
+}
+
+/// The processes running as `uid` (effective): one read of `/proc/<pid>/status` each, the
+/// costly half of [`usage`], which needs nothing else and can run while other work waits.
+pub fn processes_of(uid: u32) -> Vec<u32> {
     let Ok(procs) = fs::read_dir("/proc") else {
-        return total;
+        return Vec::new();
     };
-    for pid in procs
+    procs
         .filter_map(|e| e.ok())
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-    {
-        if exclude.contains(&pid) || effective_uid(pid) != Some(uid) {
+        .filter(|pid| effective_uid(*pid) == Some(uid))
+        .collect()
+}
+
+/// inotify instances and watches held by `pids` (see [`processes_of`]), except `exclude`.
+pub fn usage_of(pids: &[u32], exclude: &BTreeSet<u32>) -> Usage {
+    let mut total = Usage::default();
+    for &pid in pids {
+        if exclude.contains(&pid) {
             continue;
         }
         match process_usage(pid) {

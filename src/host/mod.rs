@@ -125,6 +125,9 @@ pub struct Settings {
     /// This fleet's running replicas: their inotify use is part of the fleet's need, not
     /// someone else's.
     pub fleet_pids: BTreeSet<u32>,
+    /// The processes running as `replica_uid`, when already listed
+    /// ([`inotify::processes_of`]); None: listed when observed.
+    pub user_processes: Option<Vec<u32>>,
 }
 
 impl Settings {
@@ -139,7 +142,14 @@ impl Settings {
             dropin,
             replica_uid: crate::replica::replica_user().uid,
             fleet_pids,
+            user_processes: None,
         }
+    }
+
+    /// With the replica user's processes already listed.
+    pub fn with_user_processes(mut self, pids: Vec<u32>) -> Settings {
+        self.user_processes = Some(pids);
+        self
     }
 }
 
@@ -165,7 +175,10 @@ pub fn observe(settings: &Settings) -> Observed {
             .collect(),
         at_boot: settings.boot.read(),
         dropin: sysctl::read_dropin(&settings.dropin),
-        other_inotify: inotify::usage(settings.replica_uid, &settings.fleet_pids),
+        other_inotify: match &settings.user_processes {
+            Some(pids) => inotify::usage_of(pids, &settings.fleet_pids),
+            None => inotify::usage(settings.replica_uid, &settings.fleet_pids),
+        },
     }
 }
 

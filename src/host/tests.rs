@@ -57,6 +57,7 @@ fn host(tune: bool, root: bool, values: &Observed) -> Host {
         dropin,
         replica_uid: 101,
         fleet_pids: BTreeSet::new(),
+        user_processes: None,
     };
     Host { dir, settings }
 }

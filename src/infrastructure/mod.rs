@@ -69,7 +69,26 @@ pub async fn connect(
     extra_labels: std::collections::BTreeMap<String, String>,
     caller: Caller,
 ) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
-    let engine = crate::engine::DockerEngine::connect().await?;
+    connect_with(
+        crate::engine::DockerEngine::connect().await?,
+        kind,
+        swarm,
+        state,
+        extra_labels,
+        caller,
+    )
+    .await
+}
+
+/// [`connect`] over an engine already connected (a command connects while it renders).
+pub async fn connect_with(
+    engine: crate::engine::DockerEngine,
+    kind: EngineKind,
+    swarm: &SwarmSettings,
+    state: crate::state::StateDir,
+    extra_labels: std::collections::BTreeMap<String, String>,
+    caller: Caller,
+) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
     if kind == EngineKind::Swarm {
         return Ok(std::sync::Arc::new(
             swarm::Swarm::connect(engine, swarm.clone(), state, extra_labels).await?,

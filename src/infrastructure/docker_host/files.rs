@@ -133,14 +133,16 @@ impl Run<'_> {
 
     /// Records the desired spec (for rollbacks and drains) and writes its bootstrap
     /// generation (rewriting a tampered one).
-    pub(super) fn write_generation(&self, target: &Target) -> Result<()> {
-        let name = target.name();
-        self.state.write_spec(&target.desired)?;
-        self.state.write_generation(
-            name,
-            &target.desired.spec.bootstrap_sha256,
-            &target.rendered.bootstrap,
-        )
+    pub(super) async fn write_generation(&self, target: &Target) -> Result<()> {
+        let state = self.state.clone();
+        let desired = target.desired.clone();
+        let bootstrap = target.rendered.bootstrap.clone();
+        let name = target.name().to_string();
+        blocking(move || {
+            state.write_spec(&desired)?;
+            state.write_generation(&name, &desired.spec.bootstrap_sha256, &bootstrap)
+        })
+        .await
     }
 
     /// Routes, clusters, listeners and secrets change live: every running replica must confirm
@@ -184,7 +186,8 @@ impl Run<'_> {
             replicas.clear();
         }
         if replicas.is_empty() {
-            let written = self.state.write_xds(name, &files)?;
+            let (state, proxy) = (self.state.clone(), name.to_string());
+            let written = blocking(move || state.write_xds(&proxy, &files)).await?;
             if !written.is_empty() {
                 self.reporter.event(
                     Event::new(name, "files").message(format!("wrote {}", written.join(", "))),
@@ -265,6 +268,16 @@ impl Run<'_> {
         }
         Ok(())
     }
+}
+
+/// Runs file writes (each synced to disk) on the blocking pool. The proxies of one `up`
+/// converge side by side in one task: written in place, their syncs would queue one behind
+/// the other (about a hundred for ten fresh proxies, before the first container is created);
+/// on the pool they are in flight together and the filesystem commits them together.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .context("a state-directory write did not finish")?
 }
 
 /// Creates a replica's run directory: owned by `uid:gid`, mode 0700.

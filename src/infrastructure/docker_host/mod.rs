@@ -189,6 +189,7 @@ impl Infrastructure for DockerHost {
         let desired = &target.desired;
         let observed = self.observe_proxy(name).await?;
         let facts = self.facts(desired, &observed).await;
+        tracing::debug!(target: "berth::phase", "{name}: observed and probed");
         let fresh = !facts.any_ready;
         let probes = facts.probes;
         let plan = plan::plan_with(
@@ -227,7 +228,7 @@ impl Infrastructure for DockerHost {
         } else {
             run.copy_tls(target)?;
         }
-        run.write_generation(target)?;
+        run.write_generation(target).await?;
         let delivery = if req.hold_files {
             Delivery::Held
         } else {

@@ -23,16 +23,32 @@ impl DockerHost {
         };
         preflight::check_memory(&infra, policy.force_memory)
             .map_err(|e| refuse(format!("{e:#}")))?;
+        // Listing the replica user's processes reads every process's status: done on the
+        // blocking pool while the engine is asked for the containers.
+        let uid = crate::replica::replica_user().uid;
+        let user_processes =
+            tokio::task::spawn_blocking(move || crate::host::inotify::processes_of(uid));
         // Ports (and inotify instances) used by this berth's own replicas are the fleet's,
         // not someone else's.
-        let fleet_pids: BTreeSet<u32> = self
-            .observe_all()
-            .await?
-            .iter()
-            .filter_map(|c| c.info.pid)
-            .collect();
-        preflight::check_ports(&infra, &fleet_pids).map_err(|e| refuse(format!("{e:#}")))?;
-        let settings = crate::host::Settings::for_host(policy.tune, fleet_pids);
+        let observed = self.observe_all().await;
+        let user_processes = user_processes.await;
+        let fleet_pids: BTreeSet<u32> = observed?.iter().filter_map(|c| c.info.pid).collect();
+        tracing::debug!(target: "berth::phase", "containers observed");
+        // When nothing but the replicas runs as their user, the sockets of that user on the
+        // fleet's ports are the replicas' (no descriptor needs reading to tell).
+        let fleet_uid = match &user_processes {
+            Ok(pids) if !pids.is_empty() && pids.iter().all(|p| fleet_pids.contains(p)) => {
+                Some(uid)
+            }
+            _ => None,
+        };
+        preflight::check_ports(&infra, &fleet_pids, fleet_uid)
+            .map_err(|e| refuse(format!("{e:#}")))?;
+        tracing::debug!(target: "berth::phase", "listener ports checked");
+        let mut settings = crate::host::Settings::for_host(policy.tune, fleet_pids);
+        if let Ok(pids) = user_processes {
+            settings = settings.with_user_processes(pids);
+        }
         let prepared = crate::host::prepare(&preflight::host_needs(fleet), &settings)
             .map_err(|r| refuse(r.to_string()))?;
         Ok(HostPreparation {
