@@ -157,7 +157,10 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
         }
     };
     phase("state directory locked");
-    let ops = resolved.operations_connected(cli, engine).await?;
+    // The replicas the last look saw running are probed while the engine answers; their
+    // answers count only for containers the engine says are unchanged since.
+    let ahead = resolved.probes_ahead();
+    let ops = resolved.operations_connected(cli, engine, ahead).await?;
     phase("engine connected");
     let reporter = cli.reporter();
     let policy = HostPolicy {

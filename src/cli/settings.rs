@@ -168,9 +168,29 @@ impl Resolved {
         &self,
         cli: &Cli,
         engine: tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
+        ahead: Option<crate::infrastructure::docker_host::ProbesAhead>,
     ) -> Result<Operations> {
-        let kind = self.config.as_ref().map(|c| c.engine).unwrap_or_default();
-        self.operations_over(kind, cli, true, Some(engine)).await
+        let kind = self.engine_kind();
+        self.operations_over(kind, cli, true, Some((engine, ahead)))
+            .await
+    }
+
+    /// The engine kind the config names.
+    pub fn engine_kind(&self) -> EngineKind {
+        self.config.as_ref().map(|c| c.engine).unwrap_or_default()
+    }
+
+    /// On a single Docker host: the readiness probes of the replicas the last look saw
+    /// running, started now ([`crate::infrastructure::docker_host::ProbesAhead`]); they are
+    /// handed to the operations [`Resolved::operations_connected`] makes.
+    pub fn probes_ahead(&self) -> Option<crate::infrastructure::docker_host::ProbesAhead> {
+        (self.engine_kind() == EngineKind::Docker).then(|| {
+            crate::infrastructure::docker_host::ProbesAhead::start(
+                &StateDir::at(&self.state_dir),
+                &self.targets,
+                std::sync::Arc::new(crate::admin::SocketConnector),
+            )
+        })
     }
 
     async fn operations_over(
@@ -178,9 +198,10 @@ impl Resolved {
         kind: EngineKind,
         cli: &Cli,
         create: bool,
-        engine: Option<
+        engine: Option<(
             tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
-        >,
+            Option<crate::infrastructure::docker_host::ProbesAhead>,
+        )>,
     ) -> Result<Operations> {
         let state = if create {
             StateDir::open(&self.state_dir)?
@@ -194,7 +215,7 @@ impl Resolved {
             .map(|c| c.swarm.clone())
             .unwrap_or_default();
         let infra = match engine {
-            Some(engine) => {
+            Some((engine, ahead)) => {
                 let engine = engine.await.context("connecting to the engine")??;
                 crate::infrastructure::connect_with(
                     engine,
@@ -203,6 +224,7 @@ impl Resolved {
                     state,
                     labels,
                     Caller::Command,
+                    ahead,
                 )
                 .await?
             }

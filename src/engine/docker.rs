@@ -573,6 +573,11 @@ impl ContainerEngine for DockerEngine {
             .collect();
         let mut inspected = self.inspect_all(&stale).await?;
         let out = assemble(summaries, &mut inspected, &trusted, self.flavor);
+        cache.vouched = out
+            .iter()
+            .filter(|c| trusted.contains_key(&c.id))
+            .map(|c| c.id.clone())
+            .collect();
         cache.witness = witness;
         cache.inspected = inspected;
         cache.inspected.extend(

@@ -14,7 +14,7 @@ pub mod credentials;
 pub mod docker;
 pub mod fake;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -87,6 +87,11 @@ pub struct ObservationCache {
     pub witness: Option<String>,
     /// Per container id.
     pub inspected: BTreeMap<String, Inspected>,
+    /// Set by the last observation, never stored: the containers it found that the cache
+    /// already knew and that had no engine event since (the same container, untouched since
+    /// the previous look). Empty when the engine cannot tell.
+    #[serde(skip)]
+    pub vouched: BTreeSet<String>,
 }
 
 /// Restart policy names as the Engine API spells them.

@@ -76,6 +76,7 @@ pub async fn connect(
         state,
         extra_labels,
         caller,
+        None,
     )
     .await
 }
@@ -88,6 +89,7 @@ pub async fn connect_with(
     state: crate::state::StateDir,
     extra_labels: std::collections::BTreeMap<String, String>,
     caller: Caller,
+    ahead: Option<docker_host::ProbesAhead>,
 ) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
     if kind == EngineKind::Swarm {
         return Ok(std::sync::Arc::new(
@@ -100,6 +102,10 @@ pub async fn connect_with(
         state,
         extra_labels,
     );
+    let host = match ahead {
+        Some(ahead) => host.with_probes_ahead(ahead),
+        None => host,
+    };
     Ok(std::sync::Arc::new(match caller {
         Caller::Command => host.reusing_observations(COMMAND_OBSERVATION_REUSE),
         Caller::Serve => host,

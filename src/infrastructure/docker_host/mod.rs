@@ -9,10 +9,12 @@
 //! the bootstrap generation, deliver the watched files live ([`crate::delivery`]), then execute
 //! the actions one replica at a time, start-first and health-gated, with rollback.
 //!
-//! Files: `execute` (the actions), `gate` (a new replica and its readiness gate), `retire`
-//! (the drain sequence), `files` (validation and the files replicas read), `observe`
-//! (containers, probes, status rows).
+//! Files: `ahead` (the probes a command starts before the engine answers), `execute` (the
+//! actions), `gate` (a new replica and its readiness gate), `retire` (the drain sequence),
+//! `files` (validation and the files replicas read), `observe` (containers, probes, status
+//! rows).
 
+mod ahead;
 mod execute;
 mod files;
 mod gate;
@@ -22,6 +24,7 @@ mod retire;
 #[cfg(test)]
 mod tests;
 
+pub use ahead::ProbesAhead;
 pub use gate::{Gate, GateFailure};
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -60,6 +63,8 @@ pub struct DockerHost {
     pub(crate) snapshot:
         std::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<ObservedContainer>>)>>,
     pub(crate) reuse_for: Duration,
+    /// A command's probes started before the engine answered ([`ahead`]).
+    pub(crate) ahead: Option<ProbesAhead>,
 }
 
 const _: fn() = || {
@@ -81,7 +86,15 @@ impl DockerHost {
             extra_labels,
             snapshot: std::sync::Mutex::new(None),
             reuse_for: Duration::ZERO,
+            ahead: None,
         }
+    }
+
+    /// Uses, where the first observation vouches for them, the answers of probes a command
+    /// started before the engine answered ([`ProbesAhead`]).
+    pub fn with_probes_ahead(mut self, ahead: ProbesAhead) -> DockerHost {
+        self.ahead = Some(ahead);
+        self
     }
 
     /// Lets one command reuse an observation for up to `d` while it changes nothing, so a

@@ -5,10 +5,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::ahead::LastLook;
 use super::DockerHost;
 use crate::admin::AdminApi;
 use crate::delivery;
-use crate::engine::{LabelFilter, ObservationCache, ObservedContainer, RunState};
+use crate::engine::{LabelFilter, ObservedContainer, RunState};
 use crate::infrastructure::{ConvergeError, ProxyReadiness};
 use crate::plan::ProxyFacts;
 use crate::readiness::{self, Expect, NotReady, Readiness};
@@ -65,14 +66,22 @@ impl DockerHost {
 
     /// This berth's containers. A command keeps what it learned by inspecting them in the
     /// state directory ([`OBSERVATION_CACHE_FILE`]), so the next command inspects only those
-    /// the engine reports a change for (see [`crate::engine::ContainerEngine::observe_cached`]).
+    /// the engine reports a change for (see [`crate::engine::ContainerEngine::observe_cached`]),
+    /// and where the running replicas' admin sockets were, so it can probe them at once
+    /// ([`super::ahead`]).
     /// The cache is only an economy: unreadable, it is rebuilt; unwritable, it is skipped.
     async fn observe_mine(&self) -> Result<Vec<ObservedContainer>, ConvergeError> {
         let path = self.state.root().join(OBSERVATION_CACHE_FILE);
-        let before = std::fs::read(&path).unwrap_or_default();
-        let mut cache: ObservationCache = serde_json::from_slice(&before).unwrap_or_default();
-        let found = self.engine.observe_cached(&self.mine(), &mut cache).await?;
-        match serde_json::to_vec(&cache) {
+        let (before, mut look) = LastLook::read(&path);
+        let found = self
+            .engine
+            .observe_cached(&self.mine(), &mut look.engine)
+            .await?;
+        if let Some(ahead) = &self.ahead {
+            ahead.observed(&look.engine.vouched);
+        }
+        look.running = LastLook::running_of(&found);
+        match serde_json::to_vec(&look) {
             Ok(after) if after != before && self.state.root().is_dir() => {
                 // Not synced: a torn file after a crash does not parse, and is rebuilt.
                 let tmp = path.with_extension(format!("tmp{}", std::process::id()));
@@ -110,6 +119,9 @@ impl DockerHost {
     /// Berth changed a container: the next look asks the engine.
     pub(crate) fn forget_observation(&self) {
         *self.snapshot.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        if let Some(ahead) = &self.ahead {
+            ahead.forget();
+        }
     }
 
     /// The admin API of a replica, by the name its run directory was made under.
@@ -124,9 +136,14 @@ impl DockerHost {
     }
 
     fn admin_of(&self, c: &ObservedContainer) -> Arc<dyn AdminApi> {
+        self.admins
+            .connect(&self.socket_of(c), readiness::STATUS_TIMEOUT)
+    }
+
+    fn socket_of(&self, c: &ObservedContainer) -> std::path::PathBuf {
         let proxy = c.proxy().unwrap_or_default();
         let run = c.label(LABEL_NAME).unwrap_or(&c.name);
-        self.admin(proxy, run, readiness::STATUS_TIMEOUT)
+        self.state.proxy(proxy).admin_socket(run)
     }
 
     /// Probes every running container; the others are not ready by definition.
@@ -139,13 +156,22 @@ impl DockerHost {
             .iter()
             .filter(|c| c.state == RunState::Running)
             .map(|c| {
-                let admin = self.admin_of(c);
                 let expect = expect_of(c);
+                // Asked at the command's start, of this very container and socket.
+                let ahead = self
+                    .ahead
+                    .as_ref()
+                    .and_then(|a| a.take(&c.id, &self.socket_of(c), &expect));
                 async move {
-                    (
-                        c.id.clone(),
-                        readiness::probe(admin.as_ref(), &expect).await,
-                    )
+                    let answer = match ahead.map(|h| async { h.await.ok() }) {
+                        Some(h) => h.await,
+                        None => None,
+                    };
+                    let answer = match answer {
+                        Some(answer) => answer,
+                        None => readiness::probe(self.admin_of(c).as_ref(), &expect).await,
+                    };
+                    (c.id.clone(), answer)
                 }
             });
         futures_util::future::join_all(probes)
@@ -194,17 +220,12 @@ impl DockerHost {
     /// What a ready container must show: its own spec's ports (recorded with the spec), else
     /// the desired ones.
     fn expect_of(&self, c: &ObservedContainer, desired: Option<&DesiredProxy>) -> Expect {
-        let proxy = c.proxy().unwrap_or_default();
-        match (c.spec_hash(), desired) {
-            (Some(h), Some(d)) if h == d.hash => d.expect(),
-            (Some(h), _) => self
-                .state
-                .read_spec(proxy, h)
-                .map(|d| d.expect())
-                .or_else(|| desired.map(DesiredProxy::expect))
-                .unwrap_or_default(),
-            (None, _) => desired.map(DesiredProxy::expect).unwrap_or_default(),
-        }
+        expect_for(
+            &self.state,
+            c.proxy().unwrap_or_default(),
+            c.spec_hash(),
+            desired,
+        )
     }
 
     /// The desired spec's replicas, probed; `observed` when nothing changed since.
@@ -223,6 +244,25 @@ impl DockerHost {
             .collect();
         let probes = self.probe_all(&mine, |_| desired.expect()).await;
         Ok(tally(desired, &mine, &probes))
+    }
+}
+
+/// What a ready replica of `proxy` running spec `spec` must show: that spec's ports (recorded
+/// with the spec), else the desired ones.
+pub(super) fn expect_for(
+    state: &crate::state::StateDir,
+    proxy: &str,
+    spec: Option<&str>,
+    desired: Option<&DesiredProxy>,
+) -> Expect {
+    match (spec, desired) {
+        (Some(h), Some(d)) if h == d.hash => d.expect(),
+        (Some(h), _) => state
+            .read_spec(proxy, h)
+            .map(|d| d.expect())
+            .or_else(|| desired.map(DesiredProxy::expect))
+            .unwrap_or_default(),
+        (None, _) => desired.map(DesiredProxy::expect).unwrap_or_default(),
     }
 }
 

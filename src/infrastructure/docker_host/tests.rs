@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::DockerHost;
 use crate::admin::AdminConnector;
 use crate::engine::fake::{Behavior, FakeEngine};
-use crate::engine::{RunState, User};
+use crate::engine::{ContainerEngine, RunState, User};
 use crate::infrastructure::{ConvergeError, ConvergeRequest, Converged, Gate, Infrastructure};
 use crate::progress::Reporter;
 use crate::render::Renderer;
@@ -566,4 +566,119 @@ async fn a_failed_pull_is_the_answer_before_anything_changes() {
     );
     assert!(!err.is_transient(), "credentials wait for a change");
     assert_eq!(w.engine.containers(), before);
+}
+
+/// A command's host over `w`'s engine and state directory (it keeps its look in the state
+/// directory), with the probes it starts before the engine answers when `ahead`.
+fn command(w: &World, t: &Target, ahead: bool) -> DockerHost {
+    let host = DockerHost::new(
+        w.engine.clone(),
+        Arc::new(w.engine.clone()),
+        w.host.state.clone(),
+        Default::default(),
+    )
+    .reusing_observations(Duration::from_secs(10));
+    if !ahead {
+        return host;
+    }
+    host.with_probes_ahead(super::ProbesAhead::start(
+        &w.host.state,
+        std::slice::from_ref(t),
+        Arc::new(w.engine.clone()),
+    ))
+}
+
+async fn converge_on(host: &DockerHost, t: &Target) -> Result<Converged, ConvergeError> {
+    host.converge(ConvergeRequest {
+        target: t,
+        generation: None,
+        hold_files: false,
+        confirm_timeout: Duration::from_secs(5),
+        reporter: &Reporter::quiet(),
+        cancel: CancellationToken::new(),
+    })
+    .await
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_no_op_command_uses_the_probes_it_started_before_the_engine_answered() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge_on(&command(&w, &t, false), &t).await.unwrap();
+    let before = w.engine.ready_asks();
+    let host = command(&w, &t, true);
+    // The probes run before anything is observed.
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    assert_eq!(w.engine.ready_asks() - before, 3);
+    let again = converge_on(&host, &t).await.unwrap();
+    assert_eq!(again.actions, Default::default());
+    assert_eq!((again.readiness.ready, again.readiness.wanted), (3, 3));
+    // The engine vouched for every replica: their early answers are the facts.
+    assert_eq!(w.engine.ready_asks() - before, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replica_that_stopped_serving_between_two_commands_is_caught_by_the_early_probe() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge_on(&command(&w, &t, false), &t).await.unwrap();
+    let victim = w.engine.containers().remove(0);
+    let run = victim.labels.get("io.berth.name").unwrap_or(&victim.name);
+    w.engine
+        .connect(
+            &w.host.state.proxy("edge").admin_socket(run),
+            Duration::from_secs(1),
+        )
+        .healthcheck_fail()
+        .await
+        .unwrap();
+    let host = command(&w, &t, true);
+    let again = converge_on(&host, &t).await.unwrap();
+    assert_eq!(again.readiness.ready, 2, "{}", again.readiness);
+    assert_eq!(again.readiness.not_ready.len(), 1, "{}", again.readiness);
+    assert_eq!(again.readiness.not_ready[0].0, victim.name);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_container_changed_after_its_early_probe_is_probed_again() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge_on(&command(&w, &t, false), &t).await.unwrap();
+    let victim = w.engine.containers().remove(0);
+    w.engine
+        .stop(&victim.id, Duration::from_secs(1))
+        .await
+        .unwrap();
+    // Probed while it is stopped: not ready.
+    let host = command(&w, &t, true);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let before = w.engine.ready_asks();
+    // Started again (an engine event), and LIVE before the command observes.
+    w.engine.start(&victim.id).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let again = converge_on(&host, &t).await.unwrap();
+    assert_eq!(again.actions, Default::default());
+    assert_eq!(
+        (again.readiness.ready, again.readiness.wanted),
+        (3, 3),
+        "{}",
+        again.readiness
+    );
+    // Only the changed container was asked again.
+    assert_eq!(w.engine.ready_asks() - before, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn early_answers_do_not_outlive_a_change_berth_makes() {
+    let w = world();
+    let t = target(&w, OLD, 2, "rollback");
+    converge_on(&command(&w, &t, false), &t).await.unwrap();
+    // The image changes: every replica is replaced, and the readiness berth reports is the
+    // new replicas', asked after they started.
+    let t2 = target(&w, NEW, 2, "rollback");
+    let host = command(&w, &t2, true);
+    let c = converge_on(&host, &t2).await.unwrap();
+    assert_eq!(c.actions.replace + c.actions.create, 2, "{:?}", c.actions);
+    assert!(c.readiness.all_ready(), "{}", c.readiness);
+    assert!(host.ahead.as_ref().unwrap().is_empty());
 }
