@@ -168,6 +168,13 @@ pub struct Observed {
 
 /// Reads everything [`plan`] needs.
 pub fn observe(settings: &Settings) -> Observed {
+    with_inotify(observe_settings(settings), settings)
+}
+
+/// What [`observe`] reads but the inotify use, which needs the fleet's pids: the settings'
+/// current values, their values at boot, berth's drop-in. Read while the fleet is observed,
+/// then completed by [`prepare_observed`].
+pub fn observe_settings(settings: &Settings) -> Observed {
     Observed {
         values: Key::ALL
             .into_iter()
@@ -175,11 +182,16 @@ pub fn observe(settings: &Settings) -> Observed {
             .collect(),
         at_boot: settings.boot.read(),
         dropin: sysctl::read_dropin(&settings.dropin),
-        other_inotify: match &settings.user_processes {
-            Some(pids) => inotify::usage_of(pids, &settings.fleet_pids),
-            None => inotify::usage(settings.replica_uid, &settings.fleet_pids),
-        },
+        other_inotify: Default::default(),
     }
+}
+
+fn with_inotify(mut observed: Observed, settings: &Settings) -> Observed {
+    observed.other_inotify = match &settings.user_processes {
+        Some(pids) => inotify::usage_of(pids, &settings.fleet_pids),
+        None => inotify::usage(settings.replica_uid, &settings.fleet_pids),
+    };
+    observed
 }
 
 /// Why berth did not do something itself.
@@ -522,7 +534,17 @@ impl Prepared {
 /// Brings the host to what the fleet needs: observe, [`plan`], set, persist. Call it before
 /// starting or replacing any replica (every entry point), and at serve's start.
 pub fn prepare(needs: &Needs, settings: &Settings) -> Result<Prepared, Refusal> {
-    let observed = observe(settings);
+    prepare_observed(needs, settings, observe_settings(settings))
+}
+
+/// [`prepare`] with the settings already read ([`observe_settings`], with the same
+/// `settings` but for the fleet's pids and the replica user's processes).
+pub fn prepare_observed(
+    needs: &Needs,
+    settings: &Settings,
+    read: Observed,
+) -> Result<Prepared, Refusal> {
+    let observed = with_inotify(read, settings);
     let plan = plan(needs, &observed, settings)?;
     apply(plan, settings)
 }
