@@ -12,7 +12,17 @@ cd "$(dirname "$0")/.."
 export BERTH_PODMAN_DIR=${BERTH_PODMAN_DIR:-/run/berth-podman-ci}
 start=$(date +%s)
 log=$(mktemp /tmp/berth-podman-tests.XXXXXX)
-trap 'scripts/podman-service.sh stop; rm -f "$log"' EXIT
+source scripts/host-sysctls.sh
+podman_dir_existed=$([ -e "$BERTH_PODMAN_DIR" ] && echo yes || true)
+# Stops the service, removes its private store (a few hundred MB, in /run: memory) if this job
+# made it, and puts back the sysctls the tests' `berth up` tuned.
+finish() {
+  scripts/podman-service.sh stop
+  [ -n "$podman_dir_existed" ] || rm -rf "$BERTH_PODMAN_DIR"
+  rm -f "$log"
+  restore_host_sysctls
+}
+trap finish EXIT
 
 images=(berth/envoy:1.39.3 berth/envoy:1.40.0
   berth-test/envoy:1.39.3 berth-test/envoy:1.40.0 berth-test/envoy:exits-at-start)
