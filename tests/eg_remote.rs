@@ -17,7 +17,7 @@ use common::eg::gateway_proxy;
 use common::xds::{self, Certs, XdsServer};
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup};
 use serde_json::Value;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::Channel;
 use tonic::Code;
 
 const OLD_IMAGE: &str = "berth-test/envoy:1.39.3";
@@ -107,18 +107,7 @@ remote = "unix://{sock}"
     }
 
     async fn client(&self) -> Client<Channel> {
-        let path = self.socket.clone();
-        let channel = Endpoint::from_static("http://berth.invalid")
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move {
-                    let io = tokio::net::UnixStream::connect(path).await?;
-                    Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
-                }
-            }))
-            .await
-            .unwrap();
-        Client::new(channel)
+        common::eg::unix_client(self.socket.clone()).await
     }
 }
 

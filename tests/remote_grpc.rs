@@ -14,9 +14,9 @@ use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client:
 use berth::eg_provider::{self, pb, Infrastructure, Listen, Security, TlsFiles, Transient};
 use berth::ir::{LogLevel, Protocol};
 use berth::source::eg::{EgProxy, XdsDefaults};
-use common::eg::gateway_proxy;
+use common::eg::{gateway_proxy, unix_client};
 use tokio::sync::oneshot;
-use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -137,20 +137,6 @@ async fn start_secured(
         task,
     };
     (server, addr)
-}
-
-async fn unix_client(path: PathBuf) -> Client<Channel> {
-    let channel = Endpoint::from_static("http://berth.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let io = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
-            }
-        }))
-        .await
-        .unwrap();
-    Client::new(channel)
 }
 
 async fn tcp_client(addr: std::net::SocketAddr) -> Client<Channel> {

@@ -23,10 +23,8 @@ use common::swarm::*;
 use common::{free_port, tls};
 
 use berth::eg_provider::pb;
-use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
 use common::eg::gateway_proxy;
 use common::xds::{self, Certs, XdsServer};
-use tonic::transport::{Endpoint, Uri};
 
 const CONNECTIONS: usize = 30;
 
@@ -555,18 +553,7 @@ remote = "unix://{sock}"
     wait_until("the remote socket", Duration::from_secs(20), || {
         socket.exists()
     });
-    let path = socket.clone();
-    let channel = Endpoint::from_static("http://berth.invalid")
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move {
-                let io = tokio::net::UnixStream::connect(path).await?;
-                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
-            }
-        }))
-        .await
-        .unwrap();
-    let mut client = Client::new(channel);
+    let mut client = common::eg::unix_client(socket.clone()).await;
     let envoy_proxy = serde_json::json!({
         "apiVersion": "gateway.envoyproxy.io/v1alpha1",
         "kind": "EnvoyProxy",

@@ -51,3 +51,22 @@ pub fn gateway_proxy(config: &str, http: u16, tcp: u16, tcp_protocol: &str) -> p
         resolved_metric_sinks: vec![],
     }
 }
+
+/// A client of berth serve's remote provider on its unix socket, as Envoy Gateway connects.
+pub async fn unix_client(
+    path: std::path::PathBuf,
+) -> pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient<
+    tonic::transport::Channel,
+>{
+    let channel = tonic::transport::Endpoint::from_static("http://berth.invalid")
+        .connect_with_connector(tower::service_fn(move |_: tonic::transport::Uri| {
+            let path = path.clone();
+            async move {
+                let io = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(io))
+            }
+        }))
+        .await
+        .unwrap();
+    pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient::new(channel)
+}
