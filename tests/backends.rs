@@ -105,20 +105,8 @@ async fn grpc_unary_and_server_streaming_calls_through_berth() {
 
 /// `berth up` with its JSON events read as they come: each event with the time it arrived.
 async fn up_streaming(fleet: &Fleet) -> (Vec<(Instant, serde_json::Value)>, bool) {
-    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(fleet.config())
-        .arg("--state-dir")
-        .arg(fleet.state())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!(
-            "{}={}",
-            common::LABEL_TEST_CASE,
-            fleet.cleanup.case
-        ))
-        .args(["--output", "json", "up"])
+    let mut child = fleet
+        .berth(&["--output", "json", "up"])
         .stdout(Stdio::piped())
         .spawn()
         .expect("running berth");

@@ -15,21 +15,8 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 
 /// `berth <args>` on the fleet's config and state directory, with the test's labels.
 fn berth(fleet: &Fleet, args: &[&str]) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
-    cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(fleet.config())
-        .arg("--state-dir")
-        .arg(fleet.state())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!(
-            "{}={}",
-            common::LABEL_TEST_CASE,
-            fleet.cleanup.case
-        ))
-        .args(args)
-        .stdin(Stdio::null())
+    let mut cmd = fleet.berth(args);
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cmd

@@ -34,21 +34,9 @@ fn image_id(image: &str) -> String {
 /// `berth <args>` on the fleet's config and state, with `env` (awaited: the load generator
 /// runs on the same runtime meanwhile).
 async fn berth(fleet: &Fleet, env: &[(&str, &Path)], args: &[&str]) -> Output {
-    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
+    let out = fleet
+        .berth(args)
         .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())))
-        .arg("-f")
-        .arg(fleet.config())
-        .arg("--state-dir")
-        .arg(fleet.state())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!(
-            "{}={}",
-            common::LABEL_TEST_CASE,
-            fleet.cleanup.case
-        ))
-        .args(args)
         .output()
         .await
         .unwrap();

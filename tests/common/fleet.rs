@@ -129,16 +129,10 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
         std::fs::write(self.config(), toml).unwrap();
     }
 
-    /// `berth up` with `--output json`; returns the process output.
-    pub async fn up(&self) -> Output {
-        self.up_with(&[]).await
-    }
-
-    /// `berth up --output json` with extra environment variables.
-    pub async fn up_with(&self, env: &[(&str, &str)]) -> Output {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-            .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .envs(env.iter().copied())
+    /// `berth <args>` on this fleet's config and state directory, with the test's labels.
+    pub fn berth(&self, args: &[&str]) -> tokio::process::Command {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
+        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
             .arg("-f")
             .arg(self.config())
             .arg("--state-dir")
@@ -146,7 +140,20 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
             .args(["--container-label", "io.berth.test=1"])
             .arg("--container-label")
             .arg(format!("{LABEL_TEST_CASE}={}", self.cleanup.case))
-            .args(["--output", "json", "up"])
+            .args(args);
+        cmd
+    }
+
+    /// `berth up` with `--output json`; returns the process output.
+    pub async fn up(&self) -> Output {
+        self.up_with(&[]).await
+    }
+
+    /// `berth up --output json` with extra environment variables.
+    pub async fn up_with(&self, env: &[(&str, &str)]) -> Output {
+        let out = self
+            .berth(&["--output", "json", "up"])
+            .envs(env.iter().copied())
             .output()
             .await
             .expect("running berth");
