@@ -45,9 +45,12 @@ SYSCTLS = ("net/ipv4/tcp_migrate_req", "net/ipv4/ip_unprivileged_port_start",
            "fs/inotify/max_user_instances", "fs/inotify/max_user_watches")
 
 
+os.environ["BERTH_SYSCTL_DROPIN"] = SYSCTL_DROPIN
+
+
 def berth(cfg, state, label, *args):
-    return ["env", f"BERTH_STATE_DIR={state}", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}", BERTH,
-            "-f", cfg, "--container-label", label, *args]
+    """berth itself, as a user types it (no `env` in front: its exec would count as berth's)."""
+    return [BERTH, "-f", cfg, "--state-dir", state, "--container-label", label, *args]
 
 
 class HostSysctls:

@@ -96,7 +96,6 @@ def measure_serve(d, cfg, state, n_proxies):
                                  + open(os.path.join(d, "serve.log")).read()[-3000:])
             time.sleep(0.5)
         time.sleep(5)  # idle: only the event stream and the resync timer
-        # `env` execs berth: the pid is berth's.
         idle = rss_mib(p.pid)
         scrapes, lines = [], 0
         for _ in range(RUNS):

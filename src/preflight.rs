@@ -17,14 +17,11 @@ pub fn host_needs(targets: &[crate::target::Target]) -> crate::host::Needs {
     crate::host::Needs {
         proxies: targets
             .iter()
-            .map(|t| {
-                crate::host::ProxyNeeds::of(
-                    t.name(),
-                    t.proxy.config.replicas,
-                    t.proxy.host_ports(),
-                    &t.rendered.bootstrap,
-                    &t.rendered.xds,
-                )
+            .map(|t| crate::host::ProxyNeeds {
+                name: t.name().to_string(),
+                replicas: t.proxy.config.replicas,
+                ports: t.proxy.host_ports(),
+                inotify_per_replica: t.rendered.inotify_per_replica,
             })
             .collect(),
     }

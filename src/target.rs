@@ -70,9 +70,23 @@ pub fn targets(
         .collect()
 }
 
-/// The number of CPUs the host offers (sysinfo), for the default Envoy concurrency.
+/// The number of CPUs the host has online, for the default Envoy concurrency: the count
+/// sysinfo gave (the `cpuN` lines of /proc/stat), from one sysconf call instead of reading
+/// /proc/stat and /proc/cpuinfo.
 pub fn host_cpus() -> u32 {
-    let mut sys = sysinfo::System::new();
-    sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
-    (sys.cpus().len() as u32).max(1)
+    // SAFETY: sysconf only reads system configuration.
+    let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    u32::try_from(online).unwrap_or(1).max(1)
+}
+
+#[cfg(test)]
+mod tests {
+    /// The default concurrency is part of every replica's spec: a different count would replace
+    /// every replica once after an upgrade of berth.
+    #[test]
+    fn host_cpus_counts_what_sysinfo_counted() {
+        let mut sys = sysinfo::System::new();
+        sys.refresh_cpu_list(sysinfo::CpuRefreshKind::nothing());
+        assert_eq!(super::host_cpus(), (sys.cpus().len() as u32).max(1));
+    }
 }

@@ -147,7 +147,7 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
     // The engine's version answer (the API version to speak) is awaited while the config
     // renders: it is the first of a no-op's few engine requests.
     let engine = tokio::spawn(crate::engine::DockerEngine::connect());
-    let resolved = Resolved::load(cli)?;
+    let resolved = Resolved::load_for_up(cli)?;
     phase("config rendered");
     // Held until up returns: nothing else changes the state directory meanwhile.
     let _lock = match writer(cli, &resolved, Role::Up, true).await? {
@@ -176,6 +176,7 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
         )
         .await?;
     phase("converged");
+    resolved.save_render_cache();
     // ACME listeners: a missing, mismatched or two-thirds-old certificate is obtained now,
     // through the proxy just converged (it answers the challenge), and delivered like any
     // certificate change. A failure leaves the served certificate as it was.

@@ -266,6 +266,7 @@ fn parse_label(s: &str) -> Result<(String, String), String> {
 pub fn main() -> i32 {
     let cli = Cli::parse();
     init_tracing(cli.quiet);
+    commands::phase("arguments parsed");
     let runtime = match tokio::runtime::Runtime::new() {
         Ok(rt) => rt,
         Err(e) => {
@@ -273,18 +274,23 @@ pub fn main() -> i32 {
             return 1;
         }
     };
-    if let Command::Agent { command } = &cli.command {
+    let code = if let Command::Agent { command } = &cli.command {
         // The agent's exit codes are its own (Envoy's status, the health verdict).
-        return runtime.block_on(agent::command(command));
-    }
-    match runtime.block_on(run(cli)) {
-        Ok(()) => 0,
-        Err(e) => {
-            let (code, text) = crate::exit::report(&e);
-            eprintln!("{text}");
-            code
+        runtime.block_on(agent::command(command))
+    } else {
+        match runtime.block_on(run(cli)) {
+            Ok(()) => 0,
+            Err(e) => {
+                let (code, text) = crate::exit::report(&e);
+                eprintln!("{text}");
+                code
+            }
         }
-    }
+    };
+    // The command is done: probes it no longer needs and idle blocking threads are not waited
+    // for (the process exits next).
+    runtime.shutdown_background();
+    code
 }
 
 fn init_tracing(quiet: bool) {

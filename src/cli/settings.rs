@@ -78,14 +78,28 @@ pub(super) struct Resolved {
     pub config: Option<Config>,
     pub targets: Vec<Target>,
     pub state_dir: PathBuf,
+    /// What rendered the targets, holding their renders for the render cache.
+    renderer: Option<Renderer>,
 }
 
 impl Resolved {
-    /// The config (required) rendered against its state directory (or `state_dir`).
+    /// The config (required) rendered against its state directory (or `state_dir`). Renders
+    /// the state directory's render cache holds are taken from it ([`crate::render::cache`]).
     pub fn load(cli: &Cli) -> Result<Resolved> {
+        Self::load_caching(cli, false)
+    }
+
+    /// [`Resolved::load`] for `up`, which keeps what it rendered in the render cache once it
+    /// has converged ([`Resolved::save_render_cache`]).
+    pub fn load_for_up(cli: &Cli) -> Result<Resolved> {
+        Self::load_caching(cli, true)
+    }
+
+    fn load_caching(cli: &Cli, write_cache: bool) -> Result<Resolved> {
         let config = load(cli)?;
+        super::commands::phase("config loaded");
         let state_dir = cli.state_dir(Some(&config));
-        Self::render(cli, Some(config), state_dir)
+        Self::render_caching(cli, Some(config), state_dir, write_cache)
     }
 
     /// Like [`Resolved::load`] for commands that also work from the state directory alone
@@ -103,17 +117,38 @@ impl Resolved {
 
     /// Renders against `state_dir` (a scratch directory for `validate`).
     pub fn render(cli: &Cli, config: Option<Config>, state_dir: PathBuf) -> Result<Resolved> {
-        let targets = match &config {
+        Self::render_caching(cli, config, state_dir, false)
+    }
+
+    fn render_caching(
+        cli: &Cli,
+        config: Option<Config>,
+        state_dir: PathBuf,
+        write_cache: bool,
+    ) -> Result<Resolved> {
+        let (targets, renderer) = match &config {
             Some(c) => {
-                target::targets(&c.infra, &cli.renderer()?, &state_dir, target::host_cpus())?
+                let renderer = cli.renderer()?.caching_in(&state_dir, write_cache);
+                let targets =
+                    target::targets(&c.infra, &renderer, &state_dir, target::host_cpus())?;
+                (targets, Some(renderer))
             }
-            None => Vec::new(),
+            None => (Vec::new(), None),
         };
         Ok(Resolved {
             config,
             targets,
             state_dir,
+            renderer,
         })
+    }
+
+    /// Keeps the targets' renders in the render cache, for a command that may write it
+    /// ([`Resolved::load_for_up`]) once it has converged them.
+    pub fn save_render_cache(&self) {
+        if let Some(renderer) = &self.renderer {
+            renderer.save_cache();
+        }
     }
 
     pub fn names(&self) -> BTreeSet<String> {

@@ -36,6 +36,9 @@ use super::{
 
 /// bollard's per-request timeout; `stop` raises it for its own request.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the first request may take before berth asks `/version` instead (which then says
+/// why the engine does not answer).
+const PING_TIMEOUT: Duration = Duration::from_secs(10);
 /// Inspects in flight at once while observing.
 const INSPECT_CONCURRENCY: usize = 16;
 /// The container actions [`ContainerEngine::events`] reports.
@@ -108,10 +111,22 @@ impl DockerEngine {
                 }))
         };
         let docker = client(bollard::API_DEFAULT_VERSION).map_err(unreachable)?;
-        let version = docker.version().await.map_err(unreachable)?;
-        let (product, flavor) = product_of(&version);
-        let server = version
-            .api_version
+        let pinged = match endpoint.strip_prefix("unix://") {
+            Some(path) => {
+                calls.fetch_add(1, Ordering::Relaxed);
+                super::ping::unix(path, PING_TIMEOUT).await
+            }
+            None => None,
+        };
+        let (product, flavor, api_version) = match pinged {
+            Some(p) => (p.product, p.flavor, Some(p.api_version)),
+            None => {
+                let version = docker.version().await.map_err(unreachable)?;
+                let (product, flavor) = product_of(&version);
+                (product, flavor, version.api_version)
+            }
+        };
+        let server = api_version
             .as_deref()
             .and_then(parse_api_version)
             .ok_or_else(|| EngineError::Unreachable {

@@ -13,6 +13,7 @@
 pub mod credentials;
 pub mod docker;
 pub mod fake;
+pub mod ping;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;

@@ -16,14 +16,19 @@ use serde_yaml::Value;
 /// The inotify instances (and watches: one each) one replica of a proxy holds, counted from
 /// its bootstrap and watched files.
 pub fn per_replica(bootstrap: &str, xds: &BTreeMap<String, String>) -> u32 {
+    let docs: Vec<Value> = std::iter::once(bootstrap)
+        .chain(xds.values().map(String::as_str))
+        .flat_map(serde_yaml::Deserializer::from_str)
+        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+        .collect();
+    per_replica_of(&docs)
+}
+
+/// [`per_replica`] of files already parsed (the renderer parses each one it renders).
+pub fn per_replica_of(docs: &[Value]) -> u32 {
     let mut seen: BTreeSet<String> = BTreeSet::new();
-    let docs = std::iter::once(bootstrap).chain(xds.values().map(String::as_str));
     for doc in docs {
-        for value in serde_yaml::Deserializer::from_str(doc)
-            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-        {
-            collect(&value, None, &mut seen);
-        }
+        collect(doc, None, &mut seen);
     }
     seen.len() as u32
 }

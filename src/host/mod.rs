@@ -40,26 +40,8 @@ pub struct ProxyNeeds {
     pub name: String,
     pub replicas: u32,
     pub ports: Vec<u16>,
-    /// From [`inotify::per_replica`] on the proxy's rendered files.
+    /// [`inotify::per_replica`] of the proxy's rendered files.
     pub inotify_per_replica: u32,
-}
-
-impl ProxyNeeds {
-    /// From a proxy's rendered files.
-    pub fn of(
-        name: &str,
-        replicas: u32,
-        ports: Vec<u16>,
-        bootstrap: &str,
-        xds: &BTreeMap<String, String>,
-    ) -> ProxyNeeds {
-        ProxyNeeds {
-            name: name.to_string(),
-            replicas,
-            ports,
-            inotify_per_replica: inotify::per_replica(bootstrap, xds),
-        }
-    }
 }
 
 /// What the whole fleet (every proxy berth will run from this state directory) needs.
