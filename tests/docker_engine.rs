@@ -414,8 +414,9 @@ async fn unreachable_engine_is_a_clear_error() {
     );
 }
 
-/// A cached observation inspects only what the engine's events say changed, and sees
-/// `docker update` (memory, restart policy) as surely as a full one.
+/// A cached observation inspects only what the engine's events say changed, asks for nothing
+/// but the events when none happened, and sees `docker update` (memory, restart policy) and a
+/// removal as surely as a full one.
 #[tokio::test]
 async fn a_cached_observation_inspects_only_what_changed() {
     let image = ensure_test_image();
@@ -450,11 +451,13 @@ async fn a_cached_observation_inspects_only_what_changed() {
     assert_eq!(first, engine.observe(&filter).await.unwrap());
     assert!(cache.witness.is_some(), "the starts are its witness");
 
-    // Nothing changed: list and events only, the same answer.
+    // Nothing changed: the events alone say so, and the answer is what a full look says.
     let before = counted(&engine);
     let again = engine.observe_cached(&filter, &mut cache).await.unwrap();
-    assert_eq!(counted(&engine) - before, 2, "list + events, no inspect");
+    assert_eq!(counted(&engine) - before, 1, "events only");
     assert_eq!(again, first);
+    assert_eq!(again, engine.observe(&filter).await.unwrap());
+    assert_eq!(cache.vouched.len(), 3);
 
     // docker update on one replica: only it is inspected, and its new settings are seen.
     let out = std::process::Command::new("docker")
@@ -465,7 +468,11 @@ async fn a_cached_observation_inspects_only_what_changed() {
     assert!(out.status.success(), "{out:?}");
     let before = counted(&engine);
     let updated = engine.observe_cached(&filter, &mut cache).await.unwrap();
-    assert_eq!(counted(&engine) - before, 3, "list + events + 1 inspect");
+    assert_eq!(
+        counted(&engine) - before,
+        1 + 3,
+        "events (one changed), then list + events + 1 inspect"
+    );
     let one = updated.iter().find(|c| c.id == ids[1]).unwrap();
     assert_eq!(one.live.memory, Some(300 * 1024 * 1024));
     assert_eq!(one.live.restart_policy, "no");
@@ -475,13 +482,14 @@ async fn a_cached_observation_inspects_only_what_changed() {
     cache.witness = Some("1 gone start".to_string());
     let before = counted(&engine);
     let full = engine.observe_cached(&filter, &mut cache).await.unwrap();
-    assert_eq!(counted(&engine) - before, 2 + 3, "nothing vouched for");
+    assert_eq!(counted(&engine) - before, 1 + 2 + 3, "nothing vouched for");
     assert_eq!(full, updated);
 
     // A removed container leaves the answer and the cache.
     engine.remove(&ids[0]).await.unwrap();
     let after = engine.observe_cached(&filter, &mut cache).await.unwrap();
     assert_eq!(after.len(), 2);
+    assert_eq!(after, engine.observe(&filter).await.unwrap());
     assert!(!cache.inspected.contains_key(&ids[0]));
     engine.remove_matching(&filter).await.unwrap();
 }

@@ -147,6 +147,9 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
     // The engine's version answer (the API version to speak) is awaited while the config
     // renders: it is the first of a no-op's few engine requests.
     let engine = tokio::spawn(crate::engine::DockerEngine::connect());
+    // The host's preparation reads /proc (every process's status) and the sysctls: started
+    // now, used if the command gets there within a second.
+    let host_reads = crate::infrastructure::docker_host::HostReads::start();
     let resolved = Resolved::load_for_up(cli)?;
     phase("config rendered");
     // Held until up returns: nothing else changes the state directory meanwhile.
@@ -159,7 +162,7 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
     phase("state directory locked");
     // The replicas the last look saw running are probed while the engine answers; their
     // answers count only for containers the engine says are unchanged since.
-    let ahead = resolved.probes_ahead();
+    let ahead = resolved.ahead().map(|a| a.with_host_reads(host_reads));
     let ops = resolved.operations_connected(cli, engine, ahead).await?;
     phase("engine connected");
     let reporter = cli.reporter();

@@ -203,7 +203,7 @@ impl Resolved {
         &self,
         cli: &Cli,
         engine: tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
-        ahead: Option<crate::infrastructure::docker_host::ProbesAhead>,
+        ahead: Option<crate::infrastructure::docker_host::Ahead>,
     ) -> Result<Operations> {
         let kind = self.engine_kind();
         self.operations_over(kind, cli, true, Some((engine, ahead)))
@@ -216,11 +216,12 @@ impl Resolved {
     }
 
     /// On a single Docker host: the readiness probes of the replicas the last look saw
-    /// running, started now ([`crate::infrastructure::docker_host::ProbesAhead`]); they are
-    /// handed to the operations [`Resolved::operations_connected`] makes.
-    pub fn probes_ahead(&self) -> Option<crate::infrastructure::docker_host::ProbesAhead> {
+    /// running, started now ([`crate::infrastructure::docker_host::Ahead`]); they are
+    /// handed to the operations [`Resolved::operations_connected`] makes, with the host
+    /// reads the command started.
+    pub fn ahead(&self) -> Option<crate::infrastructure::docker_host::Ahead> {
         (self.engine_kind() == EngineKind::Docker).then(|| {
-            crate::infrastructure::docker_host::ProbesAhead::start(
+            crate::infrastructure::docker_host::Ahead::start(
                 &StateDir::at(&self.state_dir),
                 &self.targets,
                 std::sync::Arc::new(crate::admin::SocketConnector),
@@ -235,7 +236,7 @@ impl Resolved {
         create: bool,
         engine: Option<(
             tokio::task::JoinHandle<crate::engine::EngineResult<crate::engine::DockerEngine>>,
-            Option<crate::infrastructure::docker_host::ProbesAhead>,
+            Option<crate::infrastructure::docker_host::Ahead>,
         )>,
     ) -> Result<Operations> {
         let state = if create {

@@ -305,6 +305,31 @@ impl DockerEngine {
     /// to now: the newest event's token, and the containers with an event after the witness.
     /// `None` for the containers when the witness is absent or no longer buffered: nothing
     /// can be vouched for.
+    /// The last look's containers, when the engine reports no event for any container of
+    /// `filter` since that look's witness: every change to a container (created, started,
+    /// died, removed, renamed, updated) is an event, so the list would say the same. One
+    /// request instead of a list and an events request. None when anything happened, or the
+    /// witness is gone (evicted, or the engine restarted): then the caller lists.
+    async fn unchanged_since_last_look(
+        &self,
+        filter: &LabelFilter,
+        cache: &mut ObservationCache,
+    ) -> EngineResult<Option<Vec<ObservedContainer>>> {
+        let (Some(found), Some(witness)) = (&cache.found, cache.witness.as_deref()) else {
+            return Ok(None);
+        };
+        let (newest, changed) = self.events_since(filter, Some(witness)).await?;
+        if !changed.is_some_and(|c| c.is_empty()) {
+            return Ok(None);
+        }
+        let found = found.clone();
+        cache.vouched = found.iter().map(|c| c.id.clone()).collect();
+        if newest.is_some() {
+            cache.witness = newest;
+        }
+        Ok(Some(found))
+    }
+
     async fn events_since(
         &self,
         filter: &LabelFilter,
@@ -572,6 +597,9 @@ impl ContainerEngine for DockerEngine {
                 ..Default::default()
             };
         }
+        if let Some(found) = self.unchanged_since_last_look(filter, cache).await? {
+            return Ok(found);
+        }
         let summaries = self.list_matching(filter).await?;
         let (witness, changed) = self.events_since(filter, cache.witness.as_deref()).await?;
         let trusted: BTreeMap<String, Inspected> = match &changed {
@@ -600,6 +628,7 @@ impl ContainerEngine for DockerEngine {
                 .into_iter()
                 .filter(|(id, _)| out.iter().any(|c| &c.id == id)),
         );
+        cache.found = Some(out.clone());
         Ok(out)
     }
 

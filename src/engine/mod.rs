@@ -88,6 +88,10 @@ pub struct ObservationCache {
     pub witness: Option<String>,
     /// Per container id.
     pub inspected: BTreeMap<String, Inspected>,
+    /// What the last observation found, whole: while the engine reports no event since the
+    /// witness, it is what a new list would say.
+    #[serde(default)]
+    pub found: Option<Vec<ObservedContainer>>,
     /// Set by the last observation, never stored: the containers it found that the cache
     /// already knew and that had no engine event since (the same container, untouched since
     /// the previous look). Empty when the engine cannot tell.

@@ -89,7 +89,7 @@ pub async fn connect_with(
     state: crate::state::StateDir,
     extra_labels: std::collections::BTreeMap<String, String>,
     caller: Caller,
-    ahead: Option<docker_host::ProbesAhead>,
+    ahead: Option<docker_host::Ahead>,
 ) -> anyhow::Result<std::sync::Arc<dyn Infrastructure>> {
     if kind == EngineKind::Swarm {
         return Ok(std::sync::Arc::new(
@@ -103,7 +103,7 @@ pub async fn connect_with(
         extra_labels,
     );
     let host = match ahead {
-        Some(ahead) => host.with_probes_ahead(ahead),
+        Some(ahead) => host.with_ahead(ahead),
         None => host,
     };
     Ok(std::sync::Arc::new(match caller {

@@ -1,12 +1,14 @@
-//! Readiness probes started before the engine answers. A command knows from its last look
-//! ([`super::observe::OBSERVATION_CACHE_FILE`]) which replicas ran and where their admin
-//! sockets are, so it probes them while the engine is asked for its version, the containers
-//! and the recent events. An answer is used only for a container that the command's first
-//! observation finds running under the same ID with no engine event since the last look
-//! (the engine vouches for it: same container, same admin socket), probed with the same
-//! expectation; anything else is probed again, as before. Every answer is newer than the
-//! command's start, and a replica that stopped serving since the last command fails this
-//! probe as it would fail a later one.
+//! Work a command starts before the engine answers: readiness probes, and the reads of the
+//! host its preparation needs ([`super::prepare::HostReads`]).
+//!
+//! A command knows from its last look ([`super::observe::OBSERVATION_CACHE_FILE`]) which
+//! replicas ran and where their admin sockets are, so it probes them while the engine is asked
+//! for its version, the containers and the recent events. An answer is used only for a
+//! container that the command's first observation finds running under the same ID with no
+//! engine event since the last look (the engine vouches for it: same container, same admin
+//! socket), probed with the same expectation; anything else is probed again, as before. Every
+//! answer is newer than the command's start, and a replica that stopped serving since the last
+//! command fails this probe as it would fail a later one.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -81,20 +83,17 @@ struct Probes {
     settled: bool,
 }
 
-/// Probes in flight since the command started, by container ID.
+/// Probes in flight since the command started, by container ID, and the host reads.
 #[derive(Default)]
-pub struct ProbesAhead {
+pub struct Ahead {
     inner: Mutex<Probes>,
+    host: Mutex<Option<super::prepare::HostReads>>,
 }
 
-impl ProbesAhead {
+impl Ahead {
     /// Starts one probe per replica the last look in `state` saw running, of a proxy among
     /// `targets`, expecting what a converge of it would expect.
-    pub fn start(
-        state: &StateDir,
-        targets: &[Target],
-        admins: Arc<dyn AdminConnector>,
-    ) -> ProbesAhead {
+    pub fn start(state: &StateDir, targets: &[Target], admins: Arc<dyn AdminConnector>) -> Ahead {
         let (_, look) = LastLook::read(&state.root().join(super::observe::OBSERVATION_CACHE_FILE));
         let by_id = look
             .running
@@ -118,12 +117,24 @@ impl ProbesAhead {
                 ))
             })
             .collect();
-        ProbesAhead {
+        Ahead {
             inner: Mutex::new(Probes {
                 by_id,
                 settled: false,
             }),
+            host: Mutex::new(None),
         }
+    }
+
+    /// With the host reads a command started ([`super::prepare::HostReads::start`]).
+    pub fn with_host_reads(self, reads: super::prepare::HostReads) -> Ahead {
+        *self.host.lock().unwrap_or_else(|e| e.into_inner()) = Some(reads);
+        self
+    }
+
+    /// The host reads, once.
+    pub(super) fn take_host_reads(&self) -> Option<super::prepare::HostReads> {
+        self.host.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Probes> {
@@ -172,13 +183,13 @@ impl ProbesAhead {
 }
 
 #[cfg(test)]
-impl ProbesAhead {
+impl Ahead {
     pub(super) fn is_empty(&self) -> bool {
         self.lock().by_id.is_empty()
     }
 }
 
-impl Drop for ProbesAhead {
+impl Drop for Ahead {
     fn drop(&mut self) {
         for probe in self.lock().by_id.values() {
             probe.answer.abort();

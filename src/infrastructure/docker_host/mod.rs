@@ -9,7 +9,8 @@
 //! the bootstrap generation, deliver the watched files live ([`crate::delivery`]), then execute
 //! the actions one replica at a time, start-first and health-gated, with rollback.
 //!
-//! Files: `ahead` (the probes a command starts before the engine answers), `execute` (the
+//! Files: `ahead` (the probes and host reads a command starts before the engine answers),
+//! `prepare` (the host's preparation for the fleet), `execute` (the
 //! actions), `gate` (a new replica and its readiness gate), `retire` (the drain sequence),
 //! `files` (validation and the files replicas read), `observe` (containers, probes, status
 //! rows).
@@ -24,8 +25,9 @@ mod retire;
 #[cfg(test)]
 mod tests;
 
-pub use ahead::ProbesAhead;
+pub use ahead::Ahead;
 pub use gate::{Gate, GateFailure};
+pub use prepare::HostReads;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -63,8 +65,8 @@ pub struct DockerHost {
     pub(crate) snapshot:
         std::sync::Mutex<Option<(tokio::time::Instant, Arc<Vec<ObservedContainer>>)>>,
     pub(crate) reuse_for: Duration,
-    /// A command's probes started before the engine answered ([`ahead`]).
-    pub(crate) ahead: Option<ProbesAhead>,
+    /// A command's probes and host reads started before the engine answered ([`ahead`]).
+    pub(crate) ahead: Option<Ahead>,
 }
 
 const _: fn() = || {
@@ -91,8 +93,8 @@ impl DockerHost {
     }
 
     /// Uses, where the first observation vouches for them, the answers of probes a command
-    /// started before the engine answered ([`ProbesAhead`]).
-    pub fn with_probes_ahead(mut self, ahead: ProbesAhead) -> DockerHost {
+    /// started before the engine answered, and its host reads while fresh ([`Ahead`]).
+    pub fn with_ahead(mut self, ahead: Ahead) -> DockerHost {
         self.ahead = Some(ahead);
         self
     }

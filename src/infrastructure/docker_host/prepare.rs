@@ -3,6 +3,9 @@
 //! ([`crate::host`]: set them, keep them across reboots, or refuse with the numbers).
 
 use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
 
 use super::DockerHost;
 use crate::infrastructure::{ConvergeError, HostPreparation};
@@ -25,16 +28,15 @@ impl DockerHost {
             .map_err(|e| refuse(format!("{e:#}")))?;
         // Listing the replica user's processes reads every process's status, and the host's
         // settings are read from /proc/sys and the sysctl files: both done on the blocking
-        // pool while the engine is asked for the containers.
+        // pool while the engine is asked for the containers, or since the command started.
         let uid = crate::replica::replica_user().uid;
-        let tune = policy.tune;
-        let host_reads = tokio::task::spawn_blocking(move || {
-            let settings = crate::host::Settings::for_host(tune, BTreeSet::new());
-            (
-                crate::host::inotify::processes_of(uid),
-                crate::host::observe_settings(&settings),
-            )
-        });
+        let host_reads = self
+            .ahead
+            .as_ref()
+            .and_then(|a| a.take_host_reads())
+            .filter(HostReads::fresh)
+            .unwrap_or_else(HostReads::start)
+            .answer;
         // Ports (and inotify instances) used by this berth's own replicas are the fleet's,
         // not someone else's.
         let observed = self.observe_all().await;
@@ -73,5 +75,38 @@ impl DockerHost {
                 .into_iter()
                 .collect(),
         })
+    }
+}
+
+/// The host reads preparation needs: the replica user's processes (a read of every process's
+/// status, the slowest step of a no-op) and the host's settings. A command starts them at
+/// once, on the blocking pool ([`super::Ahead::with_host_reads`]); preparation uses them
+/// while they are [`HostReads::FRESH`], else reads again (a command that waited for the lock
+/// or pulled an image first).
+pub struct HostReads {
+    started: Instant,
+    answer: JoinHandle<(Vec<u32>, crate::host::Observed)>,
+}
+
+impl HostReads {
+    const FRESH: Duration = Duration::from_secs(1);
+
+    pub fn start() -> HostReads {
+        let uid = crate::replica::replica_user().uid;
+        HostReads {
+            started: Instant::now(),
+            answer: tokio::task::spawn_blocking(move || {
+                // What is read does not depend on `tune` (only what is done about it).
+                let settings = crate::host::Settings::for_host(false, BTreeSet::new());
+                (
+                    crate::host::inotify::processes_of(uid),
+                    crate::host::observe_settings(&settings),
+                )
+            }),
+        }
+    }
+
+    fn fresh(&self) -> bool {
+        self.started.elapsed() < Self::FRESH
     }
 }

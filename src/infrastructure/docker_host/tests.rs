@@ -581,7 +581,7 @@ fn command(w: &World, t: &Target, ahead: bool) -> DockerHost {
     if !ahead {
         return host;
     }
-    host.with_probes_ahead(super::ProbesAhead::start(
+    host.with_ahead(super::Ahead::start(
         &w.host.state,
         std::slice::from_ref(t),
         Arc::new(w.engine.clone()),
