@@ -43,7 +43,7 @@ header() {  # header NAME
   echo "berth:          $("$berth_bin" --version) ($berth_bin)"
   echo "docker:         $(docker version --format 'engine {{.Server.Version}}, client {{.Client.Version}}')"
   echo "docker-compose: $(docker-compose version --short) (Debian package, Python $(python3 -c 'import platform; print(platform.python_version())'))"
-  echo "wrk:            $(wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2)"
+  echo "wrk:            $(command -v wrk >/dev/null && wrk -v 2>&1 | head -n1 | cut -d' ' -f1-2 || echo 'not installed (not used by this benchmark)')"
   echo "envoy:          $(for v in 1.39.3 1.40.0; do docker run --rm --network none "berth/envoy:$v" --version \
                             | grep -o 'version: [^ ]*' | head -n1 | sed "s|^|berth/envoy:$v |"; done | paste -sd';' -)"
   echo "host:           $(uname -sr), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2 / 1048576}' /proc/meminfo)"
