@@ -266,119 +266,83 @@ fn read_proc_table(path: &str) -> Option<String> {
 /// The listening TCP sockets through the kernel's sock_diag netlink interface (what `ss -lt`
 /// uses): one dump request per address family, answered from the listening hash only.
 mod diag {
-    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+    use netlink_packet_core::{
+        NetlinkHeader, NetlinkMessage, NetlinkPayload, NLM_F_DUMP, NLM_F_REQUEST,
+    };
+    use netlink_packet_sock_diag::constants::{AF_INET, AF_INET6, IPPROTO_TCP};
+    use netlink_packet_sock_diag::inet::{ExtensionFlags, InetRequest, SocketId, StateFlags};
+    use netlink_packet_sock_diag::SockDiagMessage;
+    use netlink_sys::{protocols::NETLINK_SOCK_DIAG, Socket, SocketAddr};
 
     use super::Sock;
-
-    const SOCK_DIAG_BY_FAMILY: u16 = 20;
-    const TCP_LISTEN: u32 = 10;
-    const NLMSG_HDR: usize = 16;
-    /// struct inet_diag_req_v2.
-    const REQ_LEN: usize = 56;
-    /// struct inet_diag_msg, up to and including idiag_inode.
-    const MSG_LEN: usize = 72;
 
     /// None when netlink is not available (then /proc is read instead).
     pub fn listening_tcp() -> Option<Vec<Sock>> {
         let mut out = Vec::new();
-        for family in [libc::AF_INET, libc::AF_INET6] {
-            out.extend(dump(family as u8)?);
+        for family in [AF_INET, AF_INET6] {
+            out.extend(dump(family)?);
         }
         Some(out)
     }
 
     fn dump(family: u8) -> Option<Vec<Sock>> {
-        // SAFETY: a plain socket(2); the descriptor is owned by `Fd` and closed on drop.
-        let fd = unsafe {
-            libc::socket(
-                libc::AF_NETLINK,
-                libc::SOCK_DGRAM | libc::SOCK_CLOEXEC,
-                libc::NETLINK_SOCK_DIAG,
-            )
+        let mut socket = Socket::new(NETLINK_SOCK_DIAG).ok()?;
+        socket.bind_auto().ok()?;
+        socket.connect(&SocketAddr::new(0, 0)).ok()?;
+        let mut header = NetlinkHeader::default();
+        header.flags = NLM_F_REQUEST | NLM_F_DUMP;
+        let socket_id = if family == AF_INET {
+            SocketId::new_v4()
+        } else {
+            SocketId::new_v6()
         };
-        if fd < 0 {
-            return None;
-        }
-        let fd = Fd(fd);
-        let mut req = [0u8; NLMSG_HDR + REQ_LEN];
-        let total = req.len() as u32;
-        req[0..4].copy_from_slice(&total.to_ne_bytes());
-        req[4..6].copy_from_slice(&SOCK_DIAG_BY_FAMILY.to_ne_bytes());
-        let flags = (libc::NLM_F_REQUEST | libc::NLM_F_DUMP) as u16;
-        req[6..8].copy_from_slice(&flags.to_ne_bytes());
-        req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-        // inet_diag_req_v2: family, protocol, ext, pad, states, then a zeroed sockid.
-        req[NLMSG_HDR] = family;
-        req[NLMSG_HDR + 1] = libc::IPPROTO_TCP as u8;
-        let states: u32 = 1 << TCP_LISTEN;
-        req[NLMSG_HDR + 4..NLMSG_HDR + 8].copy_from_slice(&states.to_ne_bytes());
-        // SAFETY: sending a buffer we own to the kernel (address: the kernel, pid 0).
-        let sent = unsafe {
-            let mut addr: libc::sockaddr_nl = std::mem::zeroed();
-            addr.nl_family = libc::AF_NETLINK as u16;
-            libc::sendto(
-                fd.0,
-                req.as_ptr().cast(),
-                req.len(),
-                0,
-                (&addr as *const libc::sockaddr_nl).cast(),
-                std::mem::size_of::<libc::sockaddr_nl>() as u32,
-            )
-        };
-        if sent != req.len() as isize {
-            return None;
-        }
+        let mut request = NetlinkMessage::new(
+            header,
+            SockDiagMessage::InetRequest(InetRequest {
+                family,
+                protocol: IPPROTO_TCP,
+                extensions: ExtensionFlags::empty(),
+                states: StateFlags::LISTEN,
+                socket_id,
+            })
+            .into(),
+        );
+        request.finalize();
+        let mut sent = vec![0; request.buffer_len()];
+        request.serialize(&mut sent);
+        socket.send(&sent, 0).ok()?;
         let mut out = Vec::new();
-        let mut buf = vec![0u8; 1 << 16];
+        let mut received = vec![0u8; 1 << 16];
         loop {
-            // SAFETY: receiving into a buffer we own, at most its length.
-            let n = unsafe { libc::recv(fd.0, buf.as_mut_ptr().cast(), buf.len(), 0) };
-            if n <= 0 {
-                return None;
-            }
-            let mut msgs = &buf[..n as usize];
-            while msgs.len() >= NLMSG_HDR {
-                let len = u32::from_ne_bytes(msgs[0..4].try_into().ok()?) as usize;
-                let kind = u16::from_ne_bytes(msgs[4..6].try_into().ok()?);
-                if len < NLMSG_HDR || len > msgs.len() {
-                    return None;
-                }
-                match kind as i32 {
-                    libc::NLMSG_DONE => return Some(out),
-                    libc::NLMSG_ERROR => return None,
-                    _ if kind == SOCK_DIAG_BY_FAMILY && len >= NLMSG_HDR + MSG_LEN => {
-                        out.extend(parse(&msgs[NLMSG_HDR..len]));
+            let n = socket.recv(&mut &mut received[..], 0).ok()?;
+            let mut at = 0;
+            while at < n {
+                let message =
+                    NetlinkMessage::<SockDiagMessage>::deserialize(&received[at..n]).ok()?;
+                match message.payload {
+                    NetlinkPayload::Done(_) => return Some(out),
+                    NetlinkPayload::InnerMessage(SockDiagMessage::InetResponse(r)) => {
+                        let id = &r.header.socket_id;
+                        out.push((
+                            id.source_address,
+                            id.source_port,
+                            u64::from(r.header.inode),
+                            r.header.uid,
+                        ));
                     }
+                    NetlinkPayload::Error(_) | NetlinkPayload::Overrun(_) => return None,
                     _ => {}
                 }
-                let aligned = (len + 3) & !3;
-                msgs = &msgs[aligned.min(msgs.len())..];
+                let len = message.header.length as usize;
+                if len == 0 {
+                    return None;
+                }
+                // Messages in one datagram are 4-byte aligned.
+                at += (len + 3) & !3;
             }
-        }
-    }
-
-    /// One inet_diag_msg: (source address, source port, inode, uid). Ports and addresses are
-    /// in network byte order.
-    fn parse(m: &[u8]) -> Option<Sock> {
-        let family = m[0];
-        let port = u16::from_be_bytes([m[4], m[5]]);
-        let src = &m[8..24];
-        let address = if family == libc::AF_INET as u8 {
-            IpAddr::V4(Ipv4Addr::new(src[0], src[1], src[2], src[3]))
-        } else {
-            IpAddr::V6(Ipv6Addr::from(<[u8; 16]>::try_from(src).ok()?))
-        };
-        let uid = u32::from_ne_bytes(m[64..68].try_into().ok()?);
-        let inode = u32::from_ne_bytes(m[68..72].try_into().ok()?);
-        Some((address, port, u64::from(inode), uid))
-    }
-
-    struct Fd(i32);
-
-    impl Drop for Fd {
-        fn drop(&mut self) {
-            // SAFETY: closing the descriptor this guard owns, once.
-            unsafe { libc::close(self.0) };
+            if n == 0 {
+                return None;
+            }
         }
     }
 }
