@@ -6,14 +6,15 @@ Run: scripts/bench.sh noop      (prints the tables; cleans up after itself)
      BENCH_RUNS=3 scripts/bench.sh noop      (fewer repetitions)
 
 Per scale (10 proxies x 3 replicas, then 34 x 3):
-- fresh `berth up` (min_ready 0s), then RUNS no-op `berth --output json up` (each must act on
+- fresh `berth up` (min_ready 0s; at 30 replicas FRESH_RUNS times, each but the last followed by
+  `berth down`, and the median is reported), then RUNS no-op `berth --output json up` (each must act on
   nothing and leave the same container IDs; berth's own count of Docker API requests), RUNS
   `berth status`, then `berth serve` on the converged fleet: its resident memory once idle and
   RUNS `/metrics` scrapes; then `berth down`;
 - the floor of a no-op: one `GET /containers/json` answered by the same daemon, from a fresh
   process (curl --unix-socket), RUNS times.
 Against docker-compose (10 services x scale 3, the same 30 hardened containers, one Envoy worker
-each on both sides): fresh `up -d`, RUNS no-op `up -d` (same container IDs asserted), `ps`,
+each on both sides): fresh `up -d` (FRESH_RUNS times, as berth's), RUNS no-op `up -d` (same container IDs asserted), `ps`,
 `--version` (Python start-up alone), `down -t 1`.
 And fresh `up` of one proxy x 3 against the floor of one replica: `docker run` of one hardened
 Envoy until /ready answers LIVE.
@@ -29,6 +30,7 @@ from common import (BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cle
                     remove_labelled, running, sh, terminate_on_sigterm, timed, wait_serving)
 
 RUNS = int(os.environ.get("BENCH_RUNS", "5"))
+FRESH_RUNS = 3                    # fresh up + down, on the fleet compared with compose
 REPLICAS = 3
 SCALES = (10, 34)                 # proxies; x REPLICAS = 30 and 102 replicas
 COMPOSE_PROXIES = 10
@@ -118,10 +120,15 @@ def berth_scale(d, state, n_proxies):
     cfg = os.path.join(d, f"fleet{n_proxies}.toml")
     with open(cfg, "w") as f:
         f.write(fleet_toml(n_proxies, REPLICAS, FLEET_PORT, PREFIX, min_ready="0s"))
-    fresh, _ = timed(*berth(cfg, state, LABEL, "-q", "up"))
-    assert running(LABEL) == n, f"berth runs {running(LABEL)} of {n}"
-    for i in range(n_proxies):
-        wait_serving(FLEET_PORT + i, REPLICAS, f"{PREFIX}{i}\n", deadline=20)
+    fresh_runs, down_runs = [], []
+    for last in [False] * (fresh_runs_at(n_proxies) - 1) + [True]:
+        t, _ = timed(*berth(cfg, state, LABEL, "-q", "up"))
+        fresh_runs.append(t)
+        assert running(LABEL) == n, f"berth runs {running(LABEL)} of {n}"
+        for i in range(n_proxies):
+            wait_serving(FLEET_PORT + i, REPLICAS, f"{PREFIX}{i}\n", deadline=20)
+        if not last:
+            down_runs.append(berth_down(cfg, state))
     ids = container_ids(LABEL)
     noops, calls, statuses, floors = [], [], [], []
     for _ in range(RUNS):
@@ -137,23 +144,38 @@ def berth_scale(d, state, n_proxies):
         statuses.append(t)
     serve = measure_serve(d, cfg, state, n_proxies)
     assert container_ids(LABEL) == ids, "serve changed a converged fleet"
-    down, _ = timed(*berth(cfg, state, LABEL, "-q", "down"))
-    assert running(LABEL) == 0, f"{running(LABEL)} containers left after berth down"
-    return dict(n=n, proxies=n_proxies, fresh=fresh, down=down, noop=med(noops), calls=med(calls),
+    down_runs.append(berth_down(cfg, state))
+    return dict(n=n, proxies=n_proxies, fresh=med(fresh_runs), down=med(down_runs),
+                fresh_runs=len(fresh_runs), noop=med(noops), calls=med(calls),
                 status=med(statuses), floor=med(floors), **serve)
+
+
+def fresh_runs_at(n_proxies):
+    """Fresh up and down are repeated on the fleet compared with compose only."""
+    return FRESH_RUNS if n_proxies == COMPOSE_PROXIES else 1
+
+
+def berth_down(cfg, state):
+    t, _ = timed(*berth(cfg, state, LABEL, "-q", "down"))
+    assert running(LABEL) == 0, f"{running(LABEL)} containers left after berth down"
+    return t
 
 
 def compose_fleet(cdir):
     n = COMPOSE_PROXIES * REPLICAS
     os.makedirs(cdir)
     compose_project(cdir, COMPOSE_PROXIES, REPLICAS, COMPOSE_PORT, LABEL)
-    t0 = time.monotonic()
-    compose(cdir, PROJECT, "up", "-d")
-    fresh = time.monotonic() - t0
-    assert running(LABEL) == n, f"compose runs {running(LABEL)} of {n}"
-    for i in range(COMPOSE_PROXIES):
-        wait_serving(COMPOSE_PORT + i, REPLICAS, "compose\n", deadline=60)
-    fresh_serving = time.monotonic() - t0
+    fresh_runs, serving_runs, down_runs = [], [], []
+    for last in [False] * (FRESH_RUNS - 1) + [True]:
+        t0 = time.monotonic()
+        compose(cdir, PROJECT, "up", "-d")
+        fresh_runs.append(time.monotonic() - t0)
+        assert running(LABEL) == n, f"compose runs {running(LABEL)} of {n}"
+        for i in range(COMPOSE_PROXIES):
+            wait_serving(COMPOSE_PORT + i, REPLICAS, "compose\n", deadline=60)
+        serving_runs.append(time.monotonic() - t0)
+        if not last:
+            down_runs.append(compose_down(cdir))
     ids = container_ids(LABEL)
     noops, ps, version, floors = [], [], [], []
     for _ in range(RUNS):
@@ -163,10 +185,15 @@ def compose_fleet(cdir):
         assert container_ids(LABEL) == ids, f"a no-op docker-compose up -d changed the containers:\n{r.stderr}"
         ps.append(timed("docker-compose", "-p", PROJECT, "ps", cwd=cdir)[0])
         version.append(timed("docker-compose", "--version")[0])
-    down, _ = timed("docker-compose", "-p", PROJECT, "down", "-t", "1", cwd=cdir)
+    down_runs.append(compose_down(cdir))
+    return dict(n=n, fresh=med(fresh_runs), fresh_serving=med(serving_runs), noop=med(noops),
+                ps=med(ps), version=med(version), floor=med(floors), down=med(down_runs))
+
+
+def compose_down(cdir):
+    t, _ = timed("docker-compose", "-p", PROJECT, "down", "-t", "1", cwd=cdir)
     assert running(LABEL) == 0, f"{running(LABEL)} containers left after docker-compose down"
-    return dict(n=n, fresh=fresh, fresh_serving=fresh_serving, noop=med(noops), ps=med(ps),
-                version=med(version), floor=med(floors), down=down)
+    return t
 
 
 def one_proxy(d, state):
@@ -231,8 +258,9 @@ def report(scales, c, f3, fl):
     row("serve: /metrics lines", lambda s: f"{s['scrape_lines']}")
     row("serve: resident memory (VmRSS), idle", lambda s: f"{s['rss_idle']:.1f} MiB")
     row("serve: resident memory after the scrapes", lambda s: f"{s['rss_after']:.1f} MiB")
-    row("fresh `berth up` (1 run)", lambda s: f"{s['fresh']:.2f} s")
-    row("`berth down` (1 run)", lambda s: f"{s['down']:.2f} s")
+    row("fresh `berth up` (runs: median of the column's)", lambda s: f"{s['fresh']:.2f} s")
+    row("`berth down` (runs: median of the column's)", lambda s: f"{s['down']:.2f} s")
+    row("  runs of fresh up and down", lambda s: f"{s['fresh_runs']}")
     print()
     print(f"berth vs docker-compose, {COMPOSE_PROXIES} proxies x {REPLICAS} replicas = {c['n']} containers")
     print(f"{'':<{w}}{'berth':>16}{'docker-compose':>16}{'compose/berth':>15}")
@@ -243,11 +271,11 @@ def report(scales, c, f3, fl):
     print(f"{'  docker-compose --version (Python start-up alone)':<{w}}{'':>16}{c['version'] * 1000:>13.0f} ms")
     print(f"{'`berth status` / `docker-compose ps`':<{w}}{b['status'] * 1000:>13.0f} ms"
           f"{c['ps'] * 1000:>13.0f} ms{c['ps'] / b['status']:>14.1f}x")
-    print(f"{'fresh `up` until the command returns (1 run)':<{w}}{b['fresh']:>14.2f} s{c['fresh']:>14.2f} s"
+    print(f"{'fresh `up` until the command returns (median of %d)' % FRESH_RUNS:<{w}}{b['fresh']:>14.2f} s{c['fresh']:>14.2f} s"
           f"{c['fresh'] / b['fresh']:>14.2f}x")
-    print(f"{'fresh `up` until every replica serves (1 run)':<{w}}{b['fresh']:>14.2f} s{c['fresh_serving']:>14.2f} s"
+    print(f"{'fresh `up` until every replica serves (median of %d)' % FRESH_RUNS:<{w}}{b['fresh']:>14.2f} s{c['fresh_serving']:>14.2f} s"
           f"{c['fresh_serving'] / b['fresh']:>14.2f}x")
-    print(f"{'`down` (1 run)':<{w}}{b['down']:>14.2f} s{c['down']:>14.2f} s{c['down'] / b['down']:>14.2f}x")
+    print(f"{'`down` (median of %d)' % FRESH_RUNS:<{w}}{b['down']:>14.2f} s{c['down']:>14.2f} s{c['down'] / b['down']:>14.2f}x")
     print("  fresh up waits for: berth: every replica LIVE with its listeners bound (min_ready 0s here;")
     print("    a fresh proxy's replicas are its validation, `envoy --mode validate` runs only when one")
     print("    fails); compose: nothing (containers started; 'until every replica serves' polls the")
