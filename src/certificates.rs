@@ -75,8 +75,14 @@ impl Certificate {
 }
 
 /// Reads and checks every listener certificate of a proxy (standalone mode; none in xds mode).
-/// Every problem is reported, each naming its file.
-pub fn load(proxy: &ir::ProxyInfra, now: SystemTime) -> Result<Vec<Certificate>> {
+/// Every problem is reported, each naming its file. The pairs in `in_memory` stand in for the
+/// files at their paths (ACME placeholders made by a command that does not hold the state
+/// directory, see [`crate::acme::Placeholders`]).
+pub fn load(
+    proxy: &ir::ProxyInfra,
+    now: SystemTime,
+    in_memory: &[crate::acme::Placeholder],
+) -> Result<Vec<Certificate>> {
     let ir::Routing::Standalone(s) = &proxy.routing else {
         return Ok(Vec::new());
     };
@@ -85,7 +91,18 @@ pub fn load(proxy: &ir::ProxyInfra, now: SystemTime) -> Result<Vec<Certificate>>
     for l in &s.listeners {
         for lc in l.certificates() {
             let tls = lc.files;
-            match check(&l.listener, &tls.cert_file, &tls.key_file, now) {
+            let checked = match in_memory.iter().find(|p| p.cert_file == tls.cert_file) {
+                Some(p) => check_pem(
+                    &l.listener,
+                    &p.cert_file,
+                    &p.key_file,
+                    &p.cert_pem,
+                    &p.key_pem,
+                    now,
+                ),
+                None => check(&l.listener, &tls.cert_file, &tls.key_file, now),
+            };
+            match checked {
                 Ok(mut c) => {
                     c.secret = lc.secret;
                     c.server_names = lc.server_names;
@@ -122,7 +139,19 @@ pub fn check(
         std::fs::read(cert_file).with_context(|| format!("cannot read {}", cert_file.display()))?;
     let key_pem =
         std::fs::read(key_file).with_context(|| format!("cannot read {}", key_file.display()))?;
-    let mut c = inspect(&cert_pem, &key_pem, now)
+    check_pem(listener, cert_file, key_file, &cert_pem, &key_pem, now)
+}
+
+/// Checks one certificate/key pair given as PEM (named by the files it stands for).
+pub fn check_pem(
+    listener: &str,
+    cert_file: &Path,
+    key_file: &Path,
+    cert_pem: &[u8],
+    key_pem: &[u8],
+    now: SystemTime,
+) -> Result<Certificate> {
+    let mut c = inspect(cert_pem, key_pem, now)
         .map_err(|e| anyhow!("{}", e.message(cert_file, key_file)))?;
     c.listener = listener.to_string();
     c.secret = listener.to_string();

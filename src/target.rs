@@ -4,6 +4,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 
+use crate::acme::{Placeholder, Placeholders};
 use crate::backend_tls::{self, BackendTlsFiles};
 use crate::certificates::{self, Certificate};
 use crate::ir::{Infra, ProxyInfra};
@@ -20,6 +21,9 @@ pub struct Target {
     pub certificates: Vec<Certificate>,
     /// The backends' TLS files (CA, client certificate), checked likewise.
     pub backend_tls: Vec<BackendTlsFiles>,
+    /// ACME placeholders made in memory, not written ([`Placeholders::InMemory`]): a writer
+    /// renders again once it holds the state directory.
+    pub acme_placeholders: Vec<Placeholder>,
 }
 
 impl Target {
@@ -30,13 +34,14 @@ impl Target {
 
 /// Renders every proxy of `infra` and derives its spec. Pure apart from reading templates and
 /// the listener certificates and backend TLS files (which are checked here, so a bad one
-/// changes nothing), and from the placeholder an ACME listener gets before its first
-/// certificate ([`crate::acme::locate`]).
+/// changes nothing), and, with [`Placeholders::Write`], from the placeholder an ACME listener
+/// gets before its first certificate ([`crate::acme::locate`]).
 pub fn targets(
     infra: &Infra,
     renderer: &Renderer,
     state_dir: &Path,
     host_cpus: u32,
+    placeholders: Placeholders,
 ) -> Result<Vec<Target>> {
     infra
         .proxies
@@ -44,9 +49,9 @@ pub fn targets(
         .map(|proxy| {
             let now = std::time::SystemTime::now();
             let mut proxy = proxy.clone();
-            crate::acme::locate(&mut proxy, state_dir, now)?;
+            let acme_placeholders = crate::acme::locate(&mut proxy, state_dir, now, placeholders)?;
             let proxy = &proxy;
-            let certificates = certificates::load(proxy, now)
+            let certificates = certificates::load(proxy, now, &acme_placeholders)
                 .with_context(|| format!("proxy {}: listener certificates", proxy.name))?;
             let backend_tls = backend_tls::load(proxy, now)
                 .with_context(|| format!("proxy {}: backend TLS files", proxy.name))?;
@@ -65,6 +70,7 @@ pub fn targets(
                 rendered,
                 certificates,
                 backend_tls,
+                acme_placeholders,
             })
         })
         .collect()
@@ -81,6 +87,75 @@ pub fn host_cpus() -> u32 {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
+    use super::{targets, Target};
+    use crate::acme::Placeholders;
+    use crate::render::Renderer;
+
+    const ACME: &str = r#"
+[[proxy]]
+name = "edge"
+image = "envoyproxy/envoy:v1.31.0"
+
+[[proxy.listener]]
+name = "web"
+port = 8080
+protocol = "http"
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = { status = 200, body = "plain" }
+
+[[proxy.listener]]
+name = "https"
+port = 8443
+protocol = "https"
+tls = { acme = { domains = ["edge.example"], directory = "https://ca.example/dir" } }
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = { status = 200, body = "tls" }
+"#;
+
+    fn edge(state: &Path, placeholders: Placeholders) -> Target {
+        let config = crate::source::file::parse(Path::new("berth.toml"), ACME).unwrap();
+        targets(&config.infra, &Renderer::builtin(), state, 2, placeholders)
+            .unwrap()
+            .remove(0)
+    }
+
+    /// A command that does not hold the state directory renders an ACME listener without its
+    /// certificate and writes nothing there: a serve may be between writing an issued key and
+    /// its certificate, and a "repair" would put a placeholder over them.
+    #[test]
+    fn only_the_writer_writes_an_acme_placeholder() {
+        let dir = tempfile::tempdir().unwrap();
+        let pair = dir.path().join("acme/edge/https");
+
+        let read_only = edge(dir.path(), Placeholders::InMemory);
+        assert!(!dir.path().join("acme").exists(), "a reader wrote into the state directory");
+        assert_eq!(read_only.acme_placeholders.len(), 1);
+        assert_eq!(read_only.certificates.len(), 1);
+        assert!(read_only.certificates[0].subject.contains("berth ACME placeholder"));
+        assert_eq!(read_only.certificates[0].cert_file, pair.join("cert.pem"));
+
+        let written = edge(dir.path(), Placeholders::Write);
+        assert!(written.acme_placeholders.is_empty());
+        let cert = std::fs::read(pair.join("cert.pem")).unwrap();
+        assert!(crate::acme::AcmeStatus::read(&pair.join("status.json")).placeholder);
+        assert_eq!(written.certificates[0].cert_pem, cert);
+
+        // Halfway through installing an issued pair: a new key beside the old certificate.
+        let other = edge(tempfile::tempdir().unwrap().path(), Placeholders::InMemory);
+        std::fs::write(pair.join("key.pem"), &other.acme_placeholders[0].key_pem).unwrap();
+        let reader = edge(dir.path(), Placeholders::InMemory);
+        assert_eq!(reader.acme_placeholders.len(), 1);
+        assert_eq!(std::fs::read(pair.join("cert.pem")).unwrap(), cert);
+        assert_eq!(
+            std::fs::read(pair.join("key.pem")).unwrap(),
+            other.acme_placeholders[0].key_pem
+        );
+    }
+
     /// The default concurrency is part of every replica's spec: a different count would replace
     /// every replica once after an upgrade of berth.
     #[test]

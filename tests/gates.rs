@@ -48,7 +48,14 @@ direct_response = {{ status = 200 }}
     let config = file::parse(Path::new("gate.toml"), &text).unwrap();
     let state_path = dir.path().join("s");
     let state = StateDir::open(&state_path).unwrap();
-    let targets = target::targets(&config.infra, &Renderer::builtin(), &state_path, 2).unwrap();
+    let targets = target::targets(
+        &config.infra,
+        &Renderer::builtin(),
+        &state_path,
+        2,
+        berth::acme::Placeholders::Write,
+    )
+    .unwrap();
     let engine = DockerEngine::connect().await.unwrap();
     let host = DockerHost::new(
         Arc::new(engine.clone()),

@@ -40,8 +40,13 @@ impl Converger<'_> {
         let infra = Infra {
             proxies: vec![proxy.clone()],
         };
-        let targets =
-            crate::target::targets(&infra, self.renderer, self.state_dir, self.host_cpus)?;
+        let targets = crate::target::targets(
+            &infra,
+            self.renderer,
+            self.state_dir,
+            self.host_cpus,
+            super::Placeholders::Write,
+        )?;
         let converged = self
             .ops
             .converge(ConvergeRequest {

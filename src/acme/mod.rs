@@ -75,32 +75,81 @@ pub fn accounts_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("acme").join("accounts")
 }
 
-/// Points every ACME listener of `proxy` at berth's copies in `state_dir`, writing a
-/// self-signed placeholder where there is no usable certificate yet (none, unreadable or
-/// expired).
-pub fn locate(proxy: &mut ProxyInfra, state_dir: &Path, now: SystemTime) -> Result<()> {
+/// What [`locate`] does for an ACME listener with no usable certificate yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
+    /// Writes a placeholder into the state directory: for the state directory's one writer.
+    Write,
+    /// Makes one in memory and writes nothing: for a command that does not hold the state
+    /// directory. A serve may be installing an issued pair at that moment (key first, then
+    /// certificate), and a reader that saw the two mismatch and "repaired" them would destroy
+    /// the new certificate.
+    InMemory,
+}
+
+/// A placeholder pair made in memory ([`Placeholders::InMemory`]), standing at the paths the
+/// listener was pointed at.
+#[derive(Clone)]
+pub struct Placeholder {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Placeholder {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placeholder")
+            .field("cert_file", &self.cert_file)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Points every ACME listener of `proxy` at berth's copies in `state_dir`. Where there is no
+/// usable certificate yet (none, unreadable, mismatched or expired) a self-signed placeholder
+/// stands in: written there, or returned, as `placeholders` says.
+pub fn locate(
+    proxy: &mut ProxyInfra,
+    state_dir: &Path,
+    now: SystemTime,
+    placeholders: Placeholders,
+) -> Result<Vec<Placeholder>> {
     let name = proxy.name.clone();
     let ir::Routing::Standalone(s) = &mut proxy.routing else {
-        return Ok(());
+        return Ok(Vec::new());
     };
+    let mut in_memory = Vec::new();
     for l in &mut s.listeners {
         let Some(acme) = &l.acme else { continue };
         let files = ListenerFiles::new(state_dir, &name, &l.listener);
         // Other domains: the old certificate serves until the new one is issued.
         if crate::certificates::check("", &files.cert(), &files.key(), now).is_err() {
-            placeholder(&files, acme).with_context(|| {
+            let context = || {
                 format!(
-                    "proxy {name}, listener {}: writing a placeholder certificate",
+                    "proxy {name}, listener {}: making a placeholder certificate",
                     l.listener
                 )
-            })?;
+            };
+            let (cert_pem, key_pem) = placeholder(acme).with_context(context)?;
+            match placeholders {
+                Placeholders::Write => {
+                    write_placeholder(&files, &cert_pem, &key_pem).with_context(context)?
+                }
+                Placeholders::InMemory => in_memory.push(Placeholder {
+                    cert_file: files.cert(),
+                    key_file: files.key(),
+                    cert_pem,
+                    key_pem,
+                }),
+            }
         }
         l.tls = Some(ir::TlsFiles {
             cert_file: files.cert(),
             key_file: files.key(),
         });
     }
-    Ok(())
+    Ok(in_memory)
 }
 
 /// The stored pair is valid now and covers exactly the wanted domains.
@@ -140,9 +189,9 @@ pub fn dns_names(cert_pem: &[u8]) -> Result<Vec<String>> {
     Ok(names)
 }
 
-/// A self-signed certificate for the domains, valid for a day: the listener can start before
-/// the first issuance. Its status says it is a placeholder, so it is replaced at once.
-fn placeholder(files: &ListenerFiles, acme: &ir::Acme) -> Result<()> {
+/// A self-signed certificate (and its key) for the domains, valid for a day: the listener can
+/// start before the first issuance.
+fn placeholder(acme: &ir::Acme) -> Result<(Vec<u8>, Vec<u8>)> {
     let mut params = rcgen::CertificateParams::new(acme.domains.clone())?;
     params
         .distinguished_name
@@ -152,8 +201,13 @@ fn placeholder(files: &ListenerFiles, acme: &ir::Acme) -> Result<()> {
     params.not_after = now + time::Duration::days(1);
     let key = rcgen::KeyPair::generate()?;
     let cert = params.self_signed(&key)?;
+    Ok((cert.pem().into_bytes(), key.serialize_pem().into_bytes()))
+}
+
+/// Installs a placeholder pair. Its status says it is a placeholder, so it is replaced at once.
+fn write_placeholder(files: &ListenerFiles, cert_pem: &[u8], key_pem: &[u8]) -> Result<()> {
     crate::state::create_dir(&files.dir, 0o700)?;
-    write_pair(files, cert.pem().as_bytes(), key.serialize_pem().as_bytes())?;
+    write_pair(files, cert_pem, key_pem)?;
     let mut st = AcmeStatus::read(&files.status());
     st.placeholder = true;
     st.write(&files.status())

@@ -160,6 +160,7 @@ pub(super) async fn up(cli: &Cli, force: bool) -> Result<()> {
         }
     };
     phase("state directory locked");
+    let resolved = resolved.with_placeholders_written(cli)?;
     // The replicas the last look saw running are probed while the engine answers; their
     // answers count only for containers the engine says are unchanged since.
     let ahead = resolved.ahead().map(|a| a.with_host_reads(host_reads));

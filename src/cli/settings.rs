@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::{BadInput, Cli, Output};
+use crate::acme::Placeholders;
 use crate::infrastructure::{Caller, EngineKind};
 use crate::layout::default_state_dir;
 use crate::operations::Operations;
@@ -102,6 +103,31 @@ impl Resolved {
         Self::render_caching(cli, Some(config), state_dir, write_cache)
     }
 
+    /// For `up` once it holds the state directory: renders again if an ACME listener's
+    /// placeholder was only made in memory (a command writes nothing before it holds the
+    /// directory: see [`Placeholders::InMemory`]), now writing it.
+    pub fn with_placeholders_written(self, cli: &Cli) -> Result<Resolved> {
+        if self.targets.iter().all(|t| t.acme_placeholders.is_empty()) {
+            return Ok(self);
+        }
+        let renderer = cli.renderer()?.caching_in(&self.state_dir, true);
+        let targets = match &self.config {
+            Some(c) => target::targets(
+                &c.infra,
+                &renderer,
+                &self.state_dir,
+                target::host_cpus(),
+                Placeholders::Write,
+            )?,
+            None => Vec::new(),
+        };
+        Ok(Resolved {
+            targets,
+            renderer: Some(renderer),
+            ..self
+        })
+    }
+
     /// Like [`Resolved::load`] for commands that also work from the state directory alone
     /// (`status`, `down`): no config when no file was named, `berth.toml` is absent and no
     /// `--ir` is given; a named file must exist, and a config with errors is refused.
@@ -129,8 +155,14 @@ impl Resolved {
         let (targets, renderer) = match &config {
             Some(c) => {
                 let renderer = cli.renderer()?.caching_in(&state_dir, write_cache);
-                let targets =
-                    target::targets(&c.infra, &renderer, &state_dir, target::host_cpus())?;
+                // No command writes before it holds the state directory.
+                let targets = target::targets(
+                    &c.infra,
+                    &renderer,
+                    &state_dir,
+                    target::host_cpus(),
+                    Placeholders::InMemory,
+                )?;
                 (targets, Some(renderer))
             }
             None => (Vec::new(), None),

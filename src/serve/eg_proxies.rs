@@ -68,6 +68,7 @@ fn render(shared: &Shared, eg: &EgProxy) -> Result<Target> {
         &super::renderer(&shared.opts)?,
         shared.state.root(),
         target::host_cpus(),
+        crate::acme::Placeholders::Write,
     )?;
     targets.pop().context("rendering produced no target")
 }

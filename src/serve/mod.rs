@@ -502,6 +502,7 @@ fn load(opts: &Options, state: &StateDir) -> Result<(Config, Vec<Target>)> {
         &renderer(opts)?,
         state.root(),
         target::host_cpus(),
+        crate::acme::Placeholders::Write,
     )?;
     Ok((config, targets))
 }

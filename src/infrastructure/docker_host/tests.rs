@@ -75,9 +75,15 @@ direct_response = {{ status = 200 }}
 "#
     );
     let config = crate::source::file::parse(std::path::Path::new("t.toml"), &text).unwrap();
-    let mut t = target::targets(&config.infra, &Renderer::builtin(), w.host.state.root(), 2)
-        .unwrap()
-        .remove(0);
+    let mut t = target::targets(
+        &config.infra,
+        &Renderer::builtin(),
+        w.host.state.root(),
+        2,
+        crate::acme::Placeholders::Write,
+    )
+    .unwrap()
+    .remove(0);
     // SAFETY: geteuid/getegid have no preconditions.
     t.desired.spec.user = unsafe {
         User {
