@@ -132,10 +132,15 @@ direct_response = { status = 200, body = "tls" }
         let pair = dir.path().join("acme/edge/https");
 
         let read_only = edge(dir.path(), Placeholders::InMemory);
-        assert!(!dir.path().join("acme").exists(), "a reader wrote into the state directory");
+        assert!(
+            !dir.path().join("acme").exists(),
+            "a reader wrote into the state directory"
+        );
         assert_eq!(read_only.acme_placeholders.len(), 1);
         assert_eq!(read_only.certificates.len(), 1);
-        assert!(read_only.certificates[0].subject.contains("berth ACME placeholder"));
+        assert!(read_only.certificates[0]
+            .subject
+            .contains("berth ACME placeholder"));
         assert_eq!(read_only.certificates[0].cert_file, pair.join("cert.pem"));
 
         let written = edge(dir.path(), Placeholders::Write);

@@ -55,6 +55,9 @@ pub struct SwarmGuard {
     lock: Option<std::fs::File>,
     /// The test made the Swarm (and leaves it on drop).
     made: bool,
+    /// `swarm init` made the `docker_gwbridge` network, which leaving the Swarm keeps (removed
+    /// on drop).
+    made_gwbridge: bool,
     /// Labels the test added to this node (removed on drop).
     node_labels: Vec<String>,
     /// The derived agent images present before the test (those built during it go on drop).
@@ -69,6 +72,7 @@ impl SwarmGuard {
         let lock = take_docker_lock();
         let host = HostGuard::new();
         let (state, manager) = node_state();
+        let gwbridge_before = gwbridge_exists();
         let made = match state.as_str() {
             "inactive" => {
                 let out = docker(&["swarm", "init", "--advertise-addr", "127.0.0.1"]);
@@ -96,6 +100,7 @@ impl SwarmGuard {
         Some(SwarmGuard {
             lock,
             made,
+            made_gwbridge: made && !gwbridge_before,
             node_labels: Vec::new(),
             images_before: agent_images(),
             cleanup: Cleanup::new(test),
@@ -175,10 +180,26 @@ impl Drop for SwarmGuard {
                 );
             }
         }
+        if self.made_gwbridge {
+            let out = docker(&["network", "rm", GWBRIDGE]);
+            if !out.status.success() {
+                eprintln!(
+                    "could not remove the {GWBRIDGE} network the test's Swarm made: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
         // Exited task containers still hold the images until the Swarm is left.
         remove_agent_images_except(&self.images_before);
         drop(self.lock.take());
     }
+}
+
+/// The bridge `docker swarm init` creates for the node's overlay traffic.
+const GWBRIDGE: &str = "docker_gwbridge";
+
+fn gwbridge_exists() -> bool {
+    docker(&["network", "inspect", GWBRIDGE]).status.success()
 }
 
 /// Takes the Docker lock for this process, unless an ancestor (`flock -o … cargo test`)
