@@ -100,7 +100,14 @@ impl Resolved {
         let config = load(cli)?;
         super::commands::phase("config loaded");
         let state_dir = cli.state_dir(Some(&config));
-        Self::render_caching(cli, Some(config), state_dir, write_cache)
+        // No command writes before it holds the state directory.
+        Self::render_caching(
+            cli,
+            Some(config),
+            state_dir,
+            write_cache,
+            Placeholders::InMemory,
+        )
     }
 
     /// For `up` once it holds the state directory: renders again if an ACME listener's
@@ -110,22 +117,7 @@ impl Resolved {
         if self.targets.iter().all(|t| t.acme_placeholders.is_empty()) {
             return Ok(self);
         }
-        let renderer = cli.renderer()?.caching_in(&self.state_dir, true);
-        let targets = match &self.config {
-            Some(c) => target::targets(
-                &c.infra,
-                &renderer,
-                &self.state_dir,
-                target::host_cpus(),
-                Placeholders::Write,
-            )?,
-            None => Vec::new(),
-        };
-        Ok(Resolved {
-            targets,
-            renderer: Some(renderer),
-            ..self
-        })
+        Self::render_caching(cli, self.config, self.state_dir, true, Placeholders::Write)
     }
 
     /// Like [`Resolved::load`] for commands that also work from the state directory alone
@@ -143,7 +135,7 @@ impl Resolved {
 
     /// Renders against `state_dir` (a scratch directory for `validate`).
     pub fn render(cli: &Cli, config: Option<Config>, state_dir: PathBuf) -> Result<Resolved> {
-        Self::render_caching(cli, config, state_dir, false)
+        Self::render_caching(cli, config, state_dir, false, Placeholders::InMemory)
     }
 
     fn render_caching(
@@ -151,17 +143,17 @@ impl Resolved {
         config: Option<Config>,
         state_dir: PathBuf,
         write_cache: bool,
+        placeholders: Placeholders,
     ) -> Result<Resolved> {
         let (targets, renderer) = match &config {
             Some(c) => {
                 let renderer = cli.renderer()?.caching_in(&state_dir, write_cache);
-                // No command writes before it holds the state directory.
                 let targets = target::targets(
                     &c.infra,
                     &renderer,
                     &state_dir,
                     target::host_cpus(),
-                    Placeholders::InMemory,
+                    placeholders,
                 )?;
                 (targets, Some(renderer))
             }
