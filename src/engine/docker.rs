@@ -301,10 +301,6 @@ impl DockerEngine {
         Ok(found.into_iter().flatten().collect())
     }
 
-    /// The engine's buffered container events matching `filter` from `witness` (inclusive) up
-    /// to now: the newest event's token, and the containers with an event after the witness.
-    /// `None` for the containers when the witness is absent or no longer buffered: nothing
-    /// can be vouched for.
     /// The last look's containers, when the engine reports no event for any container of
     /// `filter` since that look's witness: every change to a container (created, started,
     /// died, removed, renamed, updated) is an event, so the list would say the same. One
@@ -330,6 +326,10 @@ impl DockerEngine {
         Ok(Some(found))
     }
 
+    /// The engine's buffered container events matching `filter` from `witness` (inclusive) up
+    /// to now: the newest event's token, and the containers with an event after the witness.
+    /// `None` for the containers when the witness is absent or no longer buffered: nothing
+    /// can be vouched for.
     async fn events_since(
         &self,
         filter: &LabelFilter,

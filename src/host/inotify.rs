@@ -8,24 +8,14 @@
 //! secret) and one per `watched_directory` of a data source. Measured: a replica of a proxy with
 //! one HTTP listener holds 3 (LDS, CDS, RDS), with two listeners 4.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::fs;
 
 use serde_yaml::Value;
 
 /// The inotify instances (and watches: one each) one replica of a proxy holds, counted from
-/// its bootstrap and watched files.
-pub fn per_replica(bootstrap: &str, xds: &BTreeMap<String, String>) -> u32 {
-    let docs: Vec<Value> = std::iter::once(bootstrap)
-        .chain(xds.values().map(String::as_str))
-        .flat_map(serde_yaml::Deserializer::from_str)
-        .filter_map(|d| serde::Deserialize::deserialize(d).ok())
-        .collect();
-    per_replica_of(&docs)
-}
-
-/// [`per_replica`] of files already parsed (the renderer parses each one it renders).
-pub fn per_replica_of(docs: &[Value]) -> u32 {
+/// its bootstrap and watched files as parsed (the renderer parses each file it renders).
+pub fn per_replica(docs: &[Value]) -> u32 {
     let mut seen: BTreeSet<String> = BTreeSet::new();
     for doc in docs {
         collect(doc, None, &mut seen);
@@ -142,7 +132,19 @@ pub fn process_usage(pid: u32) -> Option<Usage> {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use super::*;
+
+    /// [`super::per_replica`] of the files as text.
+    fn per_replica(bootstrap: &str, xds: &BTreeMap<String, String>) -> u32 {
+        let docs: Vec<Value> = std::iter::once(bootstrap)
+            .chain(xds.values().map(String::as_str))
+            .flat_map(serde_yaml::Deserializer::from_str)
+            .filter_map(|d| serde::Deserialize::deserialize(d).ok())
+            .collect();
+        super::per_replica(&docs)
+    }
 
     const BOOTSTRAP: &str = r#"
 dynamic_resources:

@@ -257,7 +257,7 @@ impl Renderer {
         Ok(Rendered {
             bootstrap,
             xds,
-            inotify_per_replica: crate::host::inotify::per_replica_of(&docs),
+            inotify_per_replica: crate::host::inotify::per_replica(&docs),
         })
     }
 
