@@ -1,17 +1,17 @@
-//! berth on Docker Swarm (issue 13 C), against the real engine and real Envoy: a single-node
-//! Swarm the test makes (and leaves) unless the engine already manages one, held under the
-//! Docker lock for its whole life ([`common::swarm::SwarmGuard`]).
+//! berth on a single-node Docker Swarm (issue 13 C), against the real engine and real Envoy:
+//! one scenario per test, taking turns on the one Swarm this binary shares
+//! ([`common::swarm::SwarmGuard`]; made and left by `scripts/test-swarm.sh hold 1` unless the
+//! engine manages one already, under `/tmp/berth-locks/swarm.lock` for its whole life).
+//! The scenarios: 3 tasks on one port, their spec, and `down`; rolling upgrades under
+//! keep-alive and under connection-per-request load with 0 failed requests; an image that exits
+//! at start (Swarm rolls back, the old tasks keep serving, berth names the task's error); a task
+//! killed by hand (replaced) and a service changed by hand (put back); the agent image pushed to
+//! a registry; global mode and a placement constraint (one that matches, one that cannot);
+//! Envoy Gateway's remote provider (`berth serve`) creating an xDS-driven proxy and deleting it.
+//! The two-node scenarios are in tests/swarm_nodes.rs.
 //!
-//! One test drives the scenarios one after the other on that one Swarm, so that the Swarm is
-//! made and left once: 3 tasks on one port; rolling upgrades under keep-alive and under
-//! connection-per-request load with 0 failed requests; an image that exits at start (Swarm
-//! rolls back, the old tasks keep serving, berth names the task's error); a task killed by hand
-//! (replaced); global mode and a placement constraint (one that matches, one that cannot);
-//! `down` (services, configs and secrets gone); Envoy Gateway's remote provider (`berth serve`)
-//! creating an xDS-driven proxy on the Swarm and deleting it.
-//!
-//! Run it on its own, without an outer `flock` (it takes the lock itself; an ancestor holding
-//! it is recognized): `cargo test --test swarm`.
+//! Run it on its own (it takes the lock itself; an ancestor holding it is recognized):
+//! `cargo test --test swarm`.
 
 mod common;
 
@@ -97,45 +97,119 @@ fn running_images(service: &str) -> Vec<String> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn proxies_on_a_single_node_swarm() {
+/// The scenarios' proxy: 3 tasks of `image` on `port`, with a TLS listener on `tls_port`
+/// whose key becomes a Swarm secret.
+struct Edge {
+    port: u16,
+    tls_port: u16,
+    cert: std::path::PathBuf,
+    key: std::path::PathBuf,
+}
+
+impl Edge {
+    fn new(case: &SwarmCase) -> Edge {
+        let (cert, key) = tls::pair(7, 2020, 2099);
+        let edge = Edge {
+            port: free_port(),
+            tls_port: free_port(),
+            cert: case.dir.path().join("cert.pem"),
+            key: case.dir.path().join("key.pem"),
+        };
+        std::fs::write(&edge.cert, cert).unwrap();
+        std::fs::write(&edge.key, key).unwrap();
+        edge
+    }
+
+    fn toml(&self, image: &str) -> String {
+        let mut t = proxy_toml("swedge", image, 3, self.port, "");
+        t.push_str(&tls_listener(
+            self.tls_port,
+            self.port,
+            &path_str(&self.cert),
+            &path_str(&self.key),
+        ));
+        t
+    }
+}
+
+/// The scenario's turn on the Swarm, or None when no Swarm runs here.
+fn scenario(test: &str) -> Option<SwarmGuard> {
     ensure_images();
-    // Every berth this test starts (serve included) finds the agent here.
+    // Every berth a scenario starts (serve included) finds the agent here.
     std::env::set_var("BERTH_AGENT_BINARY", agent_binary());
-    let Some(mut guard) = SwarmGuard::new("proxies_on_a_single_node_swarm") else {
+    SwarmGuard::new(test)
+}
+
+#[test]
+fn three_tasks_serve_on_one_port_and_down_removes_them() {
+    let Some(guard) = scenario("three_tasks_serve_on_one_port_and_down_removes_them") else {
         return;
     };
     let case = SwarmCase::new(&guard);
-    let port = free_port();
-    let tls_port = free_port();
-    let (cert, key) = tls::pair(7, 2020, 2099);
-    let cert_path = case.dir.path().join("cert.pem");
-    let key_path = case.dir.path().join("key.pem");
-    std::fs::write(&cert_path, cert).unwrap();
-    std::fs::write(&key_path, key).unwrap();
-    let edge = |image: &str| {
-        let mut t = proxy_toml("swedge", image, 3, port, "");
-        t.push_str(&tls_listener(
-            tls_port,
-            port,
-            &path_str(&cert_path),
-            &path_str(&key_path),
-        ));
-        t
-    };
+    let edge = Edge::new(&case);
+    three_tasks_serve_on_one_port(&case, &edge.toml(OLD), edge.port, edge.tls_port);
+    down_removes_services_configs_and_secrets(&case);
+}
 
-    three_tasks_serve_on_one_port(&case, &edge(OLD), port, tls_port);
-    if std::env::var_os("SKIP_ROLL").is_none() {
-        rolling_upgrades_lose_no_request(&case, &edge, port).await;
-    }
-    an_image_that_exits_at_start_is_rolled_back(&case, &edge, port).await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn rolling_upgrades_lose_no_request() {
+    let Some(guard) = scenario("rolling_upgrades_lose_no_request") else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let edge = Edge::new(&case);
+    case.write(&edge.toml(OLD));
+    case.up_ok();
+    rolling_upgrades_under_load(&case, &|image| edge.toml(image), edge.port).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_image_that_exits_at_start_is_rolled_back() {
+    let Some(guard) = scenario("an_image_that_exits_at_start_is_rolled_back") else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let edge = Edge::new(&case);
+    case.write(&edge.toml(OLD));
+    case.up_ok();
+    rolled_back(&case, &|image| edge.toml(image), edge.port).await;
+}
+
+#[test]
+fn a_task_killed_or_a_service_changed_by_hand_is_put_back() {
+    let Some(guard) = scenario("a_task_killed_or_a_service_changed_by_hand_is_put_back") else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let edge = Edge::new(&case);
+    case.write(&edge.toml(OLD));
+    case.up_ok();
     a_task_killed_by_hand_is_replaced(&case);
     a_service_changed_by_hand_is_put_back(&case);
-    down_removes_services_configs_and_secrets(&case);
-    drop(case);
-    the_agent_image_is_pushed_to_the_registry(&guard);
-    global_mode_and_placement(&mut guard);
-    the_eg_remote_provider_creates_a_proxy_on_the_swarm(&guard).await;
+}
+
+#[test]
+fn the_agent_image_is_pushed_to_the_registry() {
+    let Some(guard) = scenario("the_agent_image_is_pushed_to_the_registry") else {
+        return;
+    };
+    pushed_to_the_registry(&guard);
+}
+
+#[test]
+fn global_mode_and_placement_constraints() {
+    let Some(guard) = scenario("global_mode_and_placement_constraints") else {
+        return;
+    };
+    global_mode_and_placement(&guard);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm() {
+    let Some(guard) = scenario("the_eg_remote_provider_creates_a_proxy_on_the_swarm") else {
+        return;
+    };
+    eg_remote_provider(&guard).await;
 }
 
 fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_port: u16) {
@@ -255,7 +329,7 @@ fn each_envoy_has_its_own_node_id(case: &SwarmCase, rows: &[serde_json::Value]) 
     }
 }
 
-async fn rolling_upgrades_lose_no_request(
+async fn rolling_upgrades_under_load(
     case: &SwarmCase<'_>,
     edge: &dyn Fn(&str) -> String,
     port: u16,
@@ -298,11 +372,7 @@ async fn rolling_upgrades_lose_no_request(
     }
 }
 
-async fn an_image_that_exits_at_start_is_rolled_back(
-    case: &SwarmCase<'_>,
-    edge: &dyn Fn(&str) -> String,
-    port: u16,
-) {
+async fn rolled_back(case: &SwarmCase<'_>, edge: &dyn Fn(&str) -> String, port: u16) {
     let load = Load::start(port, "/", CONNECTIONS, Duration::from_secs(240));
     case.write(&edge(BROKEN));
     let out = case.berth(&["up"]);
@@ -403,7 +473,7 @@ fn down_removes_services_configs_and_secrets(case: &SwarmCase) {
 /// client's credentials (a DOCKER_CONFIG logged in to a real registry on 127.0.0.1), and the
 /// service runs it by digest; a registry that cannot be reached is a clear error and the
 /// running tasks stay.
-fn the_agent_image_is_pushed_to_the_registry(guard: &SwarmGuard) {
+fn pushed_to_the_registry(guard: &SwarmGuard) {
     for tool in [common::registry::REGISTRY, "/usr/bin/htpasswd"] {
         if !std::path::Path::new(tool).exists() {
             common::skip(
@@ -478,7 +548,7 @@ fn the_agent_image_is_pushed_to_the_registry(guard: &SwarmGuard) {
     );
 }
 
-fn global_mode_and_placement(guard: &mut SwarmGuard) {
+fn global_mode_and_placement(guard: &SwarmGuard) {
     guard.label_node("berth-test-edge", "true");
     let case = SwarmCase::new(guard);
     let port = free_port();
@@ -525,7 +595,7 @@ fn global_mode_and_placement(guard: &mut SwarmGuard) {
     assert!(services.is_empty() && configs.is_empty() && secrets.is_empty());
 }
 
-async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm(guard: &SwarmGuard) {
+async fn eg_remote_provider(guard: &SwarmGuard) {
     let case = SwarmCase::new(guard);
     let dir = case.dir.path();
     let (http, tcp, ready) = (free_port(), free_port(), free_port());

@@ -1,10 +1,14 @@
 #![allow(dead_code)]
-//! An HTTP load generator for 127.0.0.1 that counts every failed request and the longest time
-//! without a successful response: keep-alive clients ([`Load::start`]) or clients that open a
-//! new connection for every request ([`Load::start_per_request`]: what catches connections
-//! queued on a closing listener). Bounded: it stops when told, or at `max_time`.
+//! An HTTP load generator for 127.0.0.1 (or an address of a namespace the test made: the
+//! `_on` variants) that counts every failed request and the longest time without a successful
+//! response: keep-alive clients ([`Load::start`]), clients that open a new connection for every
+//! request ([`Load::start_per_request`]: what catches connections queued on a closing
+//! listener), or connections that each run until the server closes them
+//! ([`Load::start_until_closed_on`]: what tells a graceful end from a reset). Bounded: it stops
+//! when told, or at `max_time`.
 //! [`assert_no_failures`] is the one check every test under load makes.
 
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -37,6 +41,10 @@ pub struct LoadReport {
     /// The longest stretch with no successful response, across all connections.
     pub longest_gap: Duration,
     pub elapsed: Duration,
+    /// Connections the server closed between requests (`connection: close`, or closed while
+    /// idle): a graceful end. Counted by every mode; only [`Load::start_until_closed_on`]'s
+    /// connections stay closed.
+    pub closed_gracefully: u64,
 }
 
 impl LoadReport {
@@ -83,6 +91,7 @@ pub fn assert_no_failures(what: &str, report: &LoadReport) {
 
 struct Shared {
     stop: AtomicBool,
+    closed_gracefully: AtomicU64,
     ok: AtomicU64,
     failed: AtomicU64,
     non_2xx: AtomicU64,
@@ -102,7 +111,46 @@ pub struct Load {
 impl Load {
     /// Starts `connections` keep-alive clients sending `GET path` to 127.0.0.1:port.
     pub fn start(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
-        Load::spawn(port, path, connections, max_time, false, None)
+        Load::start_on(LOOPBACK, port, path, connections, max_time)
+    }
+
+    /// [`Load::start`] to `addr`.
+    pub fn start_on(
+        addr: IpAddr,
+        port: u16,
+        path: &str,
+        connections: usize,
+        max_time: Duration,
+    ) -> Load {
+        Load::spawn(
+            (addr, port),
+            path,
+            connections,
+            max_time,
+            Mode::KeepAlive,
+            None,
+        )
+    }
+
+    /// `connections` keep-alive connections to `addr:port` that each send `GET path` until the
+    /// server closes the connection between two requests (a graceful end, counted in
+    /// [`LoadReport::closed_gracefully`]); a connection the server breaks mid-request is a
+    /// failure, and none is opened again. [`Load::open_connections`] says how many still run.
+    pub fn start_until_closed_on(
+        addr: IpAddr,
+        port: u16,
+        path: &str,
+        connections: usize,
+        max_time: Duration,
+    ) -> Load {
+        Load::spawn(
+            (addr, port),
+            path,
+            connections,
+            max_time,
+            Mode::UntilClosed,
+            None,
+        )
     }
 
     /// Like [`Load::start`] over HTTPS (any server certificate accepted, SNI "localhost");
@@ -123,26 +171,52 @@ impl Load {
             connector: super::tls::connector(),
             name: name.to_string(),
         });
-        Load::spawn(port, path, connections, max_time, false, tls)
+        Load::spawn(
+            (LOOPBACK, port),
+            path,
+            connections,
+            max_time,
+            Mode::KeepAlive,
+            tls,
+        )
     }
 
     /// Starts `clients` clients that each open a connection, send one `GET path` with
     /// `connection: close`, read the answer, and start over.
     pub fn start_per_request(port: u16, path: &str, clients: usize, max_time: Duration) -> Load {
-        Load::spawn(port, path, clients, max_time, true, None)
+        Load::start_per_request_on(LOOPBACK, port, path, clients, max_time)
+    }
+
+    /// [`Load::start_per_request`] to `addr`.
+    pub fn start_per_request_on(
+        addr: IpAddr,
+        port: u16,
+        path: &str,
+        clients: usize,
+        max_time: Duration,
+    ) -> Load {
+        Load::spawn(
+            (addr, port),
+            path,
+            clients,
+            max_time,
+            Mode::PerRequest,
+            None,
+        )
     }
 
     fn spawn(
-        port: u16,
+        target: (IpAddr, u16),
         path: &str,
         connections: usize,
         max_time: Duration,
-        close: bool,
+        mode: Mode,
         tls: Option<Tls>,
     ) -> Load {
         let now = Instant::now();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
+            closed_gracefully: AtomicU64::new(0),
             ok: AtomicU64::new(0),
             failed: AtomicU64::new(0),
             non_2xx: AtomicU64::new(0),
@@ -157,7 +231,7 @@ impl Load {
                 let shared = shared.clone();
                 let path = path.to_string();
                 let tls = tls.clone();
-                tokio::spawn(async move { client(port, path, shared, deadline, close, tls).await })
+                tokio::spawn(async move { client(target, path, shared, deadline, mode, tls).await })
             })
             .collect();
         Load {
@@ -170,6 +244,12 @@ impl Load {
 
     pub fn ok_so_far(&self) -> u64 {
         self.shared.ok.load(Ordering::Relaxed)
+    }
+
+    /// How many clients still run (all of them, but for [`Load::start_until_closed_on`]'s
+    /// connections the server closed).
+    pub fn open_connections(&self) -> usize {
+        self.tasks.iter().filter(|t| !t.is_finished()).count()
     }
 
     /// Stops the clients and returns what they saw.
@@ -190,6 +270,7 @@ impl Load {
             errors: s.errors.lock().unwrap().clone(),
             longest_gap: longest,
             elapsed: self.started.elapsed(),
+            closed_gracefully: s.closed_gracefully.load(Ordering::Relaxed),
         }
     }
 }
@@ -235,12 +316,12 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for 
 
 /// Opens a keep-alive HTTP/1.1 connection (over TLS with `tls`), within [`REQUEST_TIMEOUT`].
 async fn connect(
-    port: u16,
+    target: (IpAddr, u16),
     shared: &Shared,
     tls: Option<&Tls>,
 ) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
     let open = async {
-        let stream = TcpStream::connect(("127.0.0.1", port))
+        let stream = TcpStream::connect(target)
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = stream.set_nodelay(true);
@@ -276,16 +357,38 @@ async fn connect(
     }
 }
 
+/// How a client uses connections.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Keep-alive; a new connection when the server closes one.
+    KeepAlive,
+    /// One request per connection (`connection: close`).
+    PerRequest,
+    /// One keep-alive connection, until the server closes it.
+    UntilClosed,
+}
+
+const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
+
 async fn client(
-    port: u16,
+    target: (IpAddr, u16),
     path: String,
     shared: Arc<Shared>,
     deadline: Instant,
-    close: bool,
+    mode: Mode,
     tls: Option<Tls>,
 ) {
+    let close = mode == Mode::PerRequest;
+    // The server ended the connection between requests: a graceful end.
+    let closed = |shared: &Shared| {
+        shared.closed_gracefully.fetch_add(1, Ordering::Relaxed);
+        mode != Mode::UntilClosed
+    };
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let Some(mut sender) = connect(port, &shared, tls.as_ref()).await else {
+        let Some(mut sender) = connect(target, &shared, tls.as_ref()).await else {
+            if mode == Mode::UntilClosed {
+                return;
+            }
             continue;
         };
         // Over TLS, new handshakes keep coming (a rotation must not fail one).
@@ -298,7 +401,10 @@ async fn client(
             if sender.ready().await.is_err() {
                 // The server closed the connection between requests (after `connection:
                 // close`): not a failed request, open a new connection.
-                continue 'connection;
+                if closed(&shared) {
+                    continue 'connection;
+                }
+                return;
             }
             let host = tls.as_ref().map_or("localhost", |t| t.name.as_str());
             let mut request = hyper::Request::get(path.as_str()).header("host", host);
@@ -331,17 +437,29 @@ async fn client(
                         shared.non_2xx.fetch_add(1, Ordering::Relaxed);
                         record_failure(&shared, format!("status {status}"));
                     }
-                    if close || closed_by_server {
+                    if close {
                         continue 'connection;
+                    }
+                    if closed_by_server {
+                        if closed(&shared) {
+                            continue 'connection;
+                        }
+                        return;
                     }
                 }
                 Ok(Err(e)) => {
                     record_failure(&shared, e);
+                    if mode == Mode::UntilClosed {
+                        return;
+                    }
                     continue 'connection;
                 }
                 Err(_) => {
                     // The connection may still deliver the late answer: drop it.
                     record_timeout(&shared, "request");
+                    if mode == Mode::UntilClosed {
+                        return;
+                    }
                     continue 'connection;
                 }
             }

@@ -14,6 +14,7 @@ pub mod load;
 pub mod registry;
 pub mod serve;
 pub mod swarm;
+pub mod swarm_nodes;
 pub mod tls;
 pub mod upstream;
 pub mod xds;

@@ -1,25 +1,26 @@
-//! A single-node Swarm for the tests, and proxies on it driven by the real `berth` binary.
+//! Swarm scenarios driven by the real `berth` binary: [`SwarmGuard`] is one scenario's turn on
+//! the Swarm its test binary shares ([`super::swarm_nodes::Nodes`]: one node, or two with a
+//! worker in a network namespace), and [`SwarmCase`] one berth config and state directory on it.
 //!
-//! [`SwarmGuard`] holds `/tmp/berth-docker.lock` for as long as the Swarm exists (other test
-//! files create plain containers; a Swarm must not surprise them), initializes a Swarm on the
-//! local engine (`--advertise-addr 127.0.0.1`) only when the engine is in none, and on drop
-//! (also on panic) removes what the test made on it (services, configs, secrets by label) and
-//! leaves the Swarm it made, restoring the engine as found. Host sysctls berth changes are put
-//! back by the [`HostGuard`] it holds.
+//! On drop (also on panic) a guard removes what its scenario made on the Swarm (services,
+//! configs, secrets by the case's label, their task containers on every node gone), the node
+//! labels it added, the availability and worker sysctls it changed, the derived agent images
+//! built during it; host sysctls berth changes are put back by the [`HostGuard`] it holds.
+//! Scenarios of one binary take turns; the Swarm itself goes when the binary exits.
 #![allow(dead_code)]
 
-use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 pub use super::agent::{agent_images, remove_agent_images_except};
 use super::host::HostGuard;
+pub use super::swarm_nodes::Nodes;
+use super::swarm_nodes::Turn;
 use super::{short_tempdir, Cleanup, LABEL_TEST_CASE};
-
-pub const DOCKER_LOCK: &str = "/tmp/berth-docker.lock";
 
 /// `docker <args>`; its output.
 pub fn docker(args: &[&str]) -> Output {
@@ -40,88 +41,89 @@ pub fn docker_ok(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-fn node_state() -> (String, bool) {
-    let out = docker_ok(&[
-        "info",
-        "--format",
-        "{{.Swarm.LocalNodeState}} {{.Swarm.ControlAvailable}}",
-    ]);
-    let (state, manager) = out.split_once(' ').unwrap_or((&out, "false"));
-    (state.to_string(), manager == "true")
-}
-
-/// The single-node Swarm of one test file.
+/// One scenario on the test binary's Swarm.
 pub struct SwarmGuard {
-    lock: Option<std::fs::File>,
-    /// The test made the Swarm (and leaves it on drop).
-    made: bool,
-    /// `swarm init` made the `docker_gwbridge` network, which leaving the Swarm keeps (removed
-    /// on drop).
-    made_gwbridge: bool,
-    /// Labels the test added to this node (removed on drop).
-    node_labels: Vec<String>,
-    /// The derived agent images present before the test (those built during it go on drop).
+    pub nodes: &'static Nodes,
+    /// `(node, key)` of labels the scenario added (removed on drop).
+    node_labels: Mutex<Vec<(String, String)>>,
+    /// Nodes whose availability the scenario changed (active again on drop).
+    availability: Mutex<Vec<String>>,
+    /// Worker sysctls the scenario changed, with their values before (restored on drop).
+    worker_sysctls: Mutex<Vec<(String, String)>>,
+    /// The derived agent images present before the scenario (those built during it go on drop).
     images_before: Vec<String>,
     pub cleanup: Cleanup,
+    started: Instant,
     _host: HostGuard,
+    /// Dropped last: the next scenario starts once this one's leftovers are gone.
+    _turn: Turn,
 }
 
 impl SwarmGuard {
-    /// None (after saying why) when the engine cannot become a Swarm manager here.
+    /// A scenario on a single-node Swarm; None (after saying why) when there can be none here.
     pub fn new(test: &str) -> Option<SwarmGuard> {
-        let lock = take_docker_lock();
-        let host = HostGuard::new();
-        let (state, manager) = node_state();
-        let gwbridge_before = gwbridge_exists();
-        let made = match state.as_str() {
-            "inactive" => {
-                let out = docker(&["swarm", "init", "--advertise-addr", "127.0.0.1"]);
-                if !out.status.success() {
-                    super::skip(
-                        test,
-                        &format!(
-                            "the engine cannot become a Swarm manager: {}",
-                            String::from_utf8_lossy(&out.stderr).trim()
-                        ),
-                    );
-                    return None;
-                }
-                true
-            }
-            "active" if manager => false,
-            other => {
-                super::skip(
-                    test,
-                    &format!("the engine is in a Swarm as a non-manager (state {other}); berth needs a manager"),
-                );
+        SwarmGuard::on(1, test)
+    }
+
+    /// A scenario on the two-node Swarm (the manager and a worker in a network namespace).
+    pub fn two_nodes(test: &str) -> Option<SwarmGuard> {
+        SwarmGuard::on(2, test)
+    }
+
+    fn on(count: usize, test: &str) -> Option<SwarmGuard> {
+        let nodes = match Nodes::shared(count) {
+            Ok(n) => n,
+            Err(why) => {
+                super::skip(test, &format!("no Swarm of {count} node(s) here: {why}"));
                 return None;
             }
         };
+        let turn = nodes.turn();
         Some(SwarmGuard {
-            lock,
-            made,
-            made_gwbridge: made && !gwbridge_before,
-            node_labels: Vec::new(),
+            nodes,
+            node_labels: Mutex::default(),
+            availability: Mutex::default(),
+            worker_sysctls: Mutex::default(),
             images_before: agent_images(),
             cleanup: Cleanup::new(test),
-            _host: host,
+            started: Instant::now(),
+            _host: HostGuard::new(),
+            _turn: turn,
         })
     }
 
-    /// Adds a label to this node (removed again on drop).
-    pub fn label_node(&mut self, key: &str, value: &str) {
-        let me = docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]);
+    /// Adds a label to this (the manager's) node (removed again on drop).
+    pub fn label_node(&self, key: &str, value: &str) {
+        let me = self.nodes.manager_node().to_string();
+        self.label(&me, key, value);
+    }
+
+    /// Adds a label to `node` (removed again on drop).
+    pub fn label(&self, node: &str, key: &str, value: &str) {
         docker_ok(&[
             "node",
             "update",
             "--label-add",
             &format!("{key}={value}"),
-            &me,
+            node,
         ]);
-        self.node_labels.push(key.to_string());
+        locked(&self.node_labels).push((node.to_string(), key.to_string()));
     }
 
-    /// What the test made on the Swarm: `(services, configs, secrets)` by name.
+    /// `docker node update --availability <availability> <node>` (active again on drop).
+    pub fn set_availability(&self, node: &str, availability: &str) {
+        docker_ok(&["node", "update", "--availability", availability, node]);
+        locked(&self.availability).push(node.to_string());
+    }
+
+    /// Sets a sysctl in the worker's network namespace (restored on drop).
+    pub fn set_worker_sysctl(&self, key: &str, value: &str) {
+        let before = self.nodes.worker_sysctl(key);
+        self.nodes.set_worker_sysctl(key, value);
+        locked(&self.worker_sysctls).push((key.to_string(), before));
+    }
+
+    /// What the scenario made on the Swarm: `(services, configs, secrets)` by name.
     pub fn objects(&self) -> (Vec<String>, Vec<String>, Vec<String>) {
         let filter = format!("label={}", self.cleanup.filter());
         let names = |kind: &str| -> Vec<String> {
@@ -134,25 +136,28 @@ impl SwarmGuard {
         (names("service"), names("config"), names("secret"))
     }
 
+    /// The scenario's task containers on every node (running or not).
+    pub fn task_containers_anywhere(&self) -> usize {
+        let filter = format!("label={}", self.cleanup.filter());
+        let args = ["ps", "-aq", "--filter", filter.as_str()];
+        let mut n = docker_ok(&args).lines().count();
+        if self.nodes.count > 1 {
+            n += self.nodes.worker_docker_ok(&args).lines().count();
+        }
+        n
+    }
+
     fn remove_objects(&self) {
         let (services, configs, secrets) = self.objects();
         if !services.is_empty() {
             let mut args = vec!["service", "rm"];
             args.extend(services.iter().map(String::as_str));
             let _ = docker(&args);
-            // Task containers go after their grace period; configs stay in use until then.
-            let deadline = Instant::now() + Duration::from_secs(60);
-            while Instant::now() < deadline
-                && !docker_ok(&[
-                    "ps",
-                    "-q",
-                    "--filter",
-                    &format!("label={}", self.cleanup.filter()),
-                ])
-                .is_empty()
-            {
-                std::thread::sleep(Duration::from_millis(250));
-            }
+        }
+        // Task containers go after their grace period; configs stay in use until then.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline && self.task_containers_anywhere() > 0 {
+            std::thread::sleep(Duration::from_millis(250));
         }
         for (kind, names) in [("config", configs), ("secret", secrets)] {
             if !names.is_empty() {
@@ -167,66 +172,36 @@ impl SwarmGuard {
 impl Drop for SwarmGuard {
     fn drop(&mut self) {
         self.remove_objects();
-        let me = docker_ok(&["info", "--format", "{{.Swarm.NodeID}}"]);
-        for key in &self.node_labels {
-            let _ = docker(&["node", "update", "--label-rm", key, &me]);
+        for (node, key) in locked(&self.node_labels).iter() {
+            let _ = docker(&["node", "update", "--label-rm", key, node]);
         }
-        if self.made {
-            let out = docker(&["swarm", "leave", "--force"]);
-            if !out.status.success() {
-                eprintln!(
-                    "could not leave the Swarm the test made: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+        for node in locked(&self.availability).iter() {
+            let _ = docker(&["node", "update", "--availability", "active", node]);
         }
-        if self.made_gwbridge {
-            let out = docker(&["network", "rm", GWBRIDGE]);
-            if !out.status.success() {
-                eprintln!(
-                    "could not remove the {GWBRIDGE} network the test's Swarm made: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                );
-            }
+        for (key, value) in locked(&self.worker_sysctls).iter().rev() {
+            self.nodes.set_worker_sysctl(key, value);
         }
-        // Exited task containers still hold the images until the Swarm is left.
+        // Exited task containers still hold the images until the service is gone.
         remove_agent_images_except(&self.images_before);
-        drop(self.lock.take());
+        // On the real stderr: what each scenario adds to the suite's time.
+        use std::io::Write;
+        let _ = writeln!(
+            std::io::stderr().lock(),
+            "Swarm scenario {} took {:.1}s (cleanup included)",
+            self.cleanup.case,
+            self.started.elapsed().as_secs_f64()
+        );
     }
 }
 
-/// The bridge `docker swarm init` creates for the node's overlay traffic.
-const GWBRIDGE: &str = "docker_gwbridge";
-
-fn gwbridge_exists() -> bool {
-    docker(&["network", "inspect", GWBRIDGE]).status.success()
+fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Takes the Docker lock for this process, unless an ancestor (`flock -o … cargo test`)
-/// already holds it, which would otherwise deadlock.
-fn take_docker_lock() -> Option<std::fs::File> {
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(DOCKER_LOCK)
-        .expect("opening the docker lock");
-    // SAFETY: flock on an open descriptor.
-    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-        return Some(file);
-    }
-    if ancestor_holds(DOCKER_LOCK) {
-        return None;
-    }
-    eprintln!("waiting for {DOCKER_LOCK} (another test run holds it)");
-    // SAFETY: as above.
-    let r = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) };
-    assert_eq!(r, 0, "flock {DOCKER_LOCK}");
-    Some(file)
-}
-
-/// Whether a process among this one's ancestors holds a flock on `path` (from /proc/locks).
-fn ancestor_holds(path: &str) -> bool {
+/// Whether a process among this one's ancestors holds a flock on `path` (from /proc/locks):
+/// then this run holds it already (`flock -o … cargo test`), and taking it again would wait
+/// forever.
+pub fn ancestor_holds(path: &str) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(path) else {
         return false;
@@ -261,25 +236,12 @@ fn ancestor_holds(path: &str) -> bool {
 }
 
 /// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY`, else
-/// built once by `scripts/agent-binary.sh`.
+/// built once by `scripts/agent-binary.sh` ([`super::agent::binary`]).
 pub fn agent_binary() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("BERTH_AGENT_BINARY") {
-            return PathBuf::from(p);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/agent-binary.sh");
-        let out = Command::new(&script)
-            .output()
-            .expect("scripts/agent-binary.sh");
-        assert!(
-            out.status.success(),
-            "scripts/agent-binary.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-    .clone()
+    match std::env::var_os("BERTH_AGENT_BINARY") {
+        Some(p) => PathBuf::from(p),
+        None => super::agent::binary().to_path_buf(),
+    }
 }
 
 /// One berth config and state directory on the Swarm.
@@ -304,8 +266,23 @@ impl<'a> SwarmCase<'a> {
         self.dir.path().join("s")
     }
 
+    /// Writes the config: `engine = "swarm"` and, on two nodes, `[swarm] registry` (the
+    /// harness's, which both nodes trust), then `toml`.
     pub fn write(&self, toml: &str) {
-        std::fs::write(self.config(), format!("engine = \"swarm\"\n{toml}")).unwrap();
+        let registry = match self.guard.nodes.count {
+            1 => String::new(),
+            _ => format!("[swarm]\nregistry = \"{}\"\n", self.registry()),
+        };
+        std::fs::write(
+            self.config(),
+            format!("engine = \"swarm\"\n{registry}{toml}"),
+        )
+        .unwrap();
+    }
+
+    /// The `[swarm] registry` of a two-node case: a path under the harness's registry.
+    pub fn registry(&self) -> String {
+        format!("{}/berth-test", self.guard.nodes.registry())
     }
 
     /// `berth <args>` on this case's config and state, with the test's labels.
@@ -319,8 +296,12 @@ impl<'a> SwarmCase<'a> {
         let elsewhere = short_tempdir();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
         cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .env("BERTH_AGENT_BINARY", agent_binary())
-            .envs(env.iter().map(|(k, v)| (*k, v.as_os_str())));
+            .env("BERTH_AGENT_BINARY", agent_binary());
+        if self.guard.nodes.count > 1 {
+            // Logged in to the harness's registry: berth pushes there and forwards these.
+            cmd.env("DOCKER_CONFIG", self.guard.nodes.docker_config());
+        }
+        cmd.envs(env.iter().map(|(k, v)| (*k, v.as_os_str())));
         if config {
             cmd.arg("-f").arg(self.config());
         } else {

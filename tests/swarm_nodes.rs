@@ -1,0 +1,362 @@
+//! berth on a two-node Docker Swarm (issue 20 E), against real engines and real Envoy: the
+//! host's engine as the manager (10.231.0.1) and a second dockerd in a network namespace as a
+//! worker (10.231.0.2), a TLS registry with htpasswd on 10.231.0.1:5000 that both trust,
+//! made once for this binary by `scripts/test-swarm.sh hold 2` (under
+//! `/tmp/berth-locks/swarm.lock`) and removed when it exits, also when a test fails; the
+//! scenarios take turns on it ([`common::swarm::SwarmGuard::two_nodes`]).
+//!
+//! Every scenario has tasks on both nodes and sends its load to both nodes' addresses:
+//! - a rolling upgrade 1.39.3 → 1.40.0 under load: 0 failed requests on either node;
+//! - the worker pulls the derived agent image from the registry with the credentials berth
+//!   forwards with the service (it cannot pull it without them);
+//! - `docker node update --availability drain` of the worker: its tasks drain (their
+//!   connections end gracefully, none is reset) and stop there (global) or move to the
+//!   manager (replicated), while the manager's tasks serve on.
+//!
+//! Run it on its own: `cargo test --test swarm_nodes` (as root: it makes a network namespace
+//! and a second engine).
+
+mod common;
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use common::fleet::{ensure_images, NEW, OLD};
+use common::free_port;
+use common::load::{assert_no_failures, Load, LoadReport};
+use common::swarm::*;
+
+/// Keep-alive connections per node.
+const CONNECTIONS: usize = 12;
+
+fn proxy_toml(name: &str, image: &str, port: u16, placement: &str) -> String {
+    format!(
+        r#"
+[[proxy]]
+name = "{name}"
+image = "{image}"
+replicas = 2
+concurrency = 1
+
+[proxy.swarm]
+{placement}
+
+[proxy.resources]
+memory = "256Mi"
+
+[proxy.shutdown]
+drain_timeout = "5s"
+min_drain_duration = "0s"
+
+[proxy.rollout]
+startup_deadline = "20s"
+min_ready = "1s"
+on_failure = "rollback"
+
+[[proxy.listener]]
+name = "web"
+port = {port}
+protocol = "http"
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "hello from two nodes\n" }}
+"#
+    )
+}
+
+const GLOBAL: &str = "mode = \"global\"";
+const REPLICATED: &str = "mode = \"replicated\"";
+
+fn scenario(test: &str) -> Option<SwarmGuard> {
+    ensure_images();
+    std::env::set_var("BERTH_AGENT_BINARY", agent_binary());
+    SwarmGuard::two_nodes(test)
+}
+
+/// The status of one GET to `addr:port`.
+fn get(addr: IpAddr, port: u16) -> Option<u16> {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-m", "3", "-o", "/dev/null", "-w", "%{http_code}"])
+        .arg(format!("http://{addr}:{port}/"))
+        .output()
+        .ok()?;
+    // curl says 000 when nothing answered.
+    String::from_utf8_lossy(&out.stdout)
+        .parse()
+        .ok()
+        .filter(|s| *s != 0)
+}
+
+/// The running tasks of `service` by node hostname: `(node, image label)`.
+fn tasks_by_node(case: &SwarmCase) -> Vec<(String, String)> {
+    let mut rows: Vec<(String, String)> = case
+        .status()
+        .iter()
+        .filter(|r| r["state"] == "running")
+        .map(|r| {
+            (
+                r["node"].as_str().unwrap_or_default().to_string(),
+                r["image"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect();
+    rows.sort();
+    rows
+}
+
+/// `(node, image)` of one task of `image` on each node, as [`tasks_by_node`] orders them.
+fn one_on_each(guard: &SwarmGuard, image: &str) -> Vec<(String, String)> {
+    let (manager, worker) = hostnames(guard);
+    let mut want = vec![(manager, image.to_string()), (worker, image.to_string())];
+    want.sort();
+    want
+}
+
+/// `berth up` of a proxy with one task of `image` per node, then those tasks.
+fn up_on_both(case: &SwarmCase, image: &str) {
+    case.up_ok();
+    // Until berth waits for every eligible node's task of a global proxy (issue 20 A), `up`
+    // may return once the first one runs.
+    wait_until("one task on each node", Duration::from_secs(30), || {
+        tasks_by_node(case) == one_on_each(case.guard, image)
+    });
+}
+
+/// The hostnames of both nodes: (manager, worker).
+fn hostnames(guard: &SwarmGuard) -> (String, String) {
+    let name = |id: &str| docker_ok(&["node", "inspect", "-f", "{{.Description.Hostname}}", id]);
+    (
+        name(guard.nodes.manager_node()),
+        name(guard.nodes.worker_node()),
+    )
+}
+
+/// Load on both nodes' addresses: (manager's, worker's).
+fn load_on_both(guard: &SwarmGuard, port: u16, per_request: bool) -> (Load, Load) {
+    let max = Duration::from_secs(240);
+    let start = |addr| {
+        if per_request {
+            Load::start_per_request_on(addr, port, "/", CONNECTIONS / 2, max)
+        } else {
+            Load::start_on(addr, port, "/", CONNECTIONS, max)
+        }
+    };
+    (
+        start(guard.nodes.manager_addr()),
+        start(guard.nodes.worker_addr()),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_rolling_upgrade_on_both_nodes_loses_no_request() {
+    let Some(guard) = scenario("a_rolling_upgrade_on_both_nodes_loses_no_request") else {
+        return;
+    };
+    let (manager, worker) = hostnames(&guard);
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    case.write(&proxy_toml("twoup", OLD, port, GLOBAL));
+    let started = Instant::now();
+    up_on_both(&case, OLD);
+    eprintln!("up of a global proxy on two nodes: {:?}", started.elapsed());
+    for (from, to, per_request) in [(OLD, NEW, false), (NEW, OLD, true)] {
+        let (on_manager, on_worker) = load_on_both(&guard, port, per_request);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        case.write(&proxy_toml("twoup", to, port, GLOBAL));
+        let started = Instant::now();
+        case.up_ok();
+        let took = started.elapsed();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let kind = if per_request {
+            "connection per request"
+        } else {
+            "keep-alive"
+        };
+        let what = |node: &str| {
+            format!(
+                "rolling upgrade {from} → {to} ({kind}) in {:.1}s, load on {node}",
+                took.as_secs_f64()
+            )
+        };
+        assert_no_failures(&what(&manager), &on_manager.stop().await);
+        assert_no_failures(&what(&worker), &on_worker.stop().await);
+        wait_until(
+            "one task of the new image on each node",
+            Duration::from_secs(30),
+            || tasks_by_node(&case) == one_on_each(&guard, to),
+        );
+    }
+}
+
+#[test]
+fn the_worker_pulls_the_agent_image_with_the_forwarded_credentials() {
+    let Some(guard) = scenario("the_worker_pulls_the_agent_image_with_the_forwarded_credentials")
+    else {
+        return;
+    };
+    let (_, worker) = hostnames(&guard);
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    case.write(&proxy_toml("twopull", NEW, port, GLOBAL));
+    up_on_both(&case, NEW);
+    let image = service("berth-twopull")["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let repo = format!("{}/berth-agent/envoy:", case.registry());
+    assert!(
+        image.starts_with(&repo) && image.contains("@sha256:"),
+        "{image}: not pinned under {repo}"
+    );
+    // The worker's own engine pulled it from the registry and runs it.
+    let on_worker = guard.nodes.worker_docker_ok(&[
+        "ps",
+        "--filter",
+        "label=com.docker.swarm.service.name=berth-twopull",
+        "--format",
+        "{{.Image}}",
+    ]);
+    let (tagged, _) = image.split_once('@').unwrap();
+    assert_eq!(
+        on_worker, tagged,
+        "the worker's task runs the registry's image"
+    );
+    let pulled = guard.nodes.worker_docker_ok(&[
+        "images",
+        "--digests",
+        "--format",
+        "{{.Repository}}@{{.Digest}}",
+    ]);
+    // Pulled by digest (the spec pins it): the worker's image has no tag of its own.
+    let (repository, _) = tagged.rsplit_once(':').unwrap();
+    let digest = image.split_once('@').unwrap().1;
+    assert!(
+        pulled
+            .lines()
+            .any(|l| l == format!("{repository}@{digest}")),
+        "{image} not among the worker's images:\n{pulled}"
+    );
+    assert_eq!(get(guard.nodes.worker_addr(), port), Some(200));
+    // Without the credentials the service carried, the worker cannot pull it: the registry
+    // asks for them.
+    let anonymous = guard.nodes.worker_docker(&["pull", &image]);
+    assert!(!anonymous.status.success(), "an anonymous pull must fail");
+    let err = stderr(&anonymous);
+    assert!(
+        err.contains("no basic auth credentials") || err.contains("unauthorized"),
+        "{err}"
+    );
+    let rows = case.status();
+    assert!(
+        rows.iter()
+            .any(|r| r["node"] == worker.as_str() && r["ready"] == true),
+        "{rows:?}"
+    );
+}
+
+/// Drains the worker under load on both nodes; the load on the worker is connections that each
+/// run until the server closes them. Returns (manager's report, worker's report).
+async fn drain_the_worker(guard: &SwarmGuard, port: u16) -> (LoadReport, LoadReport) {
+    let max = Duration::from_secs(120);
+    let on_manager = Load::start_on(guard.nodes.manager_addr(), port, "/", CONNECTIONS, max);
+    let on_worker =
+        Load::start_until_closed_on(guard.nodes.worker_addr(), port, "/", CONNECTIONS, max);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(on_worker.open_connections(), CONNECTIONS);
+    let worker = guard.nodes.worker_node().to_string();
+    guard.set_availability(&worker, "drain");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while on_worker.open_connections() > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "{} connections to the drained worker still open after 60 s",
+            on_worker.open_connections()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    wait_until(
+        "the worker's task containers gone",
+        Duration::from_secs(60),
+        || {
+            guard
+                .nodes
+                .worker_docker_ok(&[
+                    "ps",
+                    "-q",
+                    "--filter",
+                    &format!("label={}", guard.cleanup.filter()),
+                ])
+                .is_empty()
+        },
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    (on_manager.stop().await, on_worker.stop().await)
+}
+
+fn assert_closed_gracefully(what: &str, report: &LoadReport) {
+    eprintln!("{what}: {}", report.summary());
+    assert_eq!(report.failed, 0, "{what}: {}", report.summary());
+    assert_eq!(
+        report.closed_gracefully,
+        CONNECTIONS as u64,
+        "{what}: every connection ends by the server's graceful close: {}",
+        report.summary()
+    );
+    assert!(report.ok > 0, "{what}: {}", report.summary());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn draining_the_worker_stops_a_global_proxy_there_gracefully() {
+    let Some(guard) = scenario("draining_the_worker_stops_a_global_proxy_there_gracefully") else {
+        return;
+    };
+    let (manager, _) = hostnames(&guard);
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    case.write(&proxy_toml("twodrain", NEW, port, GLOBAL));
+    up_on_both(&case, NEW);
+    let (on_manager, on_worker) = drain_the_worker(&guard, port).await;
+    assert_no_failures("the manager's task while the worker drains", &on_manager);
+    assert_closed_gracefully("the drained worker's connections", &on_worker);
+    assert_eq!(
+        get(guard.nodes.worker_addr(), port),
+        None,
+        "nothing serves on the worker"
+    );
+    assert_eq!(get(guard.nodes.manager_addr(), port), Some(200));
+    let nodes: Vec<String> = tasks_by_node(&case).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        nodes,
+        vec![manager],
+        "the global proxy stays on the manager only"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn draining_the_worker_moves_a_replicated_proxy_gracefully() {
+    let Some(guard) = scenario("draining_the_worker_moves_a_replicated_proxy_gracefully") else {
+        return;
+    };
+    let (manager, _) = hostnames(&guard);
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    case.write(&proxy_toml("twomove", NEW, port, REPLICATED));
+    case.up_ok();
+    assert_eq!(
+        tasks_by_node(&case),
+        one_on_each(&guard, NEW),
+        "spread over both"
+    );
+    let (on_manager, on_worker) = drain_the_worker(&guard, port).await;
+    assert_no_failures("the manager's task while the worker drains", &on_manager);
+    assert_closed_gracefully("the drained worker's connections", &on_worker);
+    wait_until("both tasks on the manager", Duration::from_secs(60), || {
+        let rows = case.status();
+        rows.len() == 2
+            && rows
+                .iter()
+                .all(|r| r["node"] == manager.as_str() && r["ready"] == true)
+    });
+    assert_eq!(get(guard.nodes.worker_addr(), port), None);
+}
