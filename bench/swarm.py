@@ -17,7 +17,8 @@ keep-alive load (30 connections, 2 threads, 127.0.0.1 only), UPDATES times each,
 - the same load window on both sides: SETTLE s of load, the update command, until the port
   serves from 3 Envoy processes again, SETTLE s more;
 - failed requests = wrk socket errors + non-2xx; the outage = the longest time without a 2xx on
-  any connection (bench/gap.lua); update time = the command's wall time.
+  any connection, the longest wait = the longest one connection waited for an answer
+  (bench/gap.lua); update time = the command's wall time.
 
 Makes a single-node Swarm (--advertise-addr 127.0.0.1) when the engine is in none and leaves it
 afterwards; run it under the Docker lock. Its own label (io.berth.bench=swarm), proxies (bsw,
@@ -145,6 +146,7 @@ def table(b, p):
     row("update time (median), s", lambda r: statistics.median(x["took"] for x in r), "{:.1f}")
     row("update time (max), s", lambda r: max(x["took"] for x in r), "{:.1f}")
     row("outage: longest time without any 2xx (max), s", lambda r: max(x["outage"] for x in r), "{:.3f}")
+    row("longest wait of one connection for an answer, s", lambda r: max(x["wait"] for x in r), "{:.3f}")
     row("requests served, total", lambda r: sum(x["reqs"] for x in r))
     row("update commands that failed", lambda r: sum(1 for x in r if x["rc"] != 0))
 
