@@ -7,7 +7,7 @@
 # compose project and ports, and removes its containers and directories when it ends; traffic
 # goes to 127.0.0.1 only.
 # Each run's raw output, headed by the commit, the date and the tool versions, is written to
-# bench/results/<name>.txt (BENCH_RESULTS=DIR elsewhere): README's figures quote those files.
+# bench/results/<name>.txt (BENCH_RESULTS=DIR elsewhere): docs/benchmarks.md quotes those files.
 # On a shared host, run it under the Docker lock: flock -o /tmp/berth-docker.lock scripts/bench.sh noop
 set -euo pipefail
 cd "$(dirname "$0")/.."
