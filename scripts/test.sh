@@ -7,8 +7,6 @@ cd "$(dirname "$0")/.."
 source scripts/host-sysctls.sh
 trap restore_host_sysctls EXIT
 scripts/test-images.sh >/dev/null
-# The static binary the agent tests put into derived images (its own target directory).
-scripts/agent-binary.sh >/dev/null
 cargo test --all-targets "$@"
 # The engine-restart test restarts dockerd, so it is ignored unless asked for; CI asks (and it
 # fails there when it cannot restart the engine).
