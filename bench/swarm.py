@@ -27,7 +27,7 @@ bswplain) and ports (21800, 21801).
 import os, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, HostSysctls, ROOT, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
+from common import (BASE_PORT, BERTH, HostSysctls, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
                     terminate_on_sigterm, wait_serving)
 import rollout  # noqa: E402
 from rollout import start_wrk, stop_wrk, children  # noqa: E402
@@ -40,8 +40,11 @@ LABEL = bench_label("swarm")
 PORT, PLAIN_PORT = BASE_PORT + 800, BASE_PORT + 801
 REPLICAS = 3
 SETTLE = 2.0
-AGENT = os.environ["BERTH_AGENT_BINARY"]          # static: berth and its own agent
-PLAIN_BERTH = os.path.join(ROOT, "target/debug/berth")  # dynamic: no agent
+AGENT = BERTH        # static: berth and its own agent
+PLAIN_BERTH = BERTH
+# The plain side runs without the agent: berth falls back to the image's own entrypoint when the
+# agent binary it is given is not static (a setting for it would be cleaner).
+NO_AGENT = "/bin/true"
 
 
 def config(name, port, image):
@@ -74,9 +77,8 @@ direct_response = {{ status = 200, body = "{name}\\n" }}
 
 def berth_cmd(binary, cfg, state, *args, agent=True):
     # env's options (-u) come before its assignments.
-    env = ["env"] + ([] if agent else ["-u", "BERTH_AGENT_BINARY"])
-    env += [f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
-    env += [f"BERTH_AGENT_BINARY={AGENT}"] if agent else []
+    env = ["env", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
+    env += [f"BERTH_AGENT_BINARY={AGENT if agent else NO_AGENT}"]
     return env + [binary, "-f", cfg, "--state-dir", state, "--container-label", LABEL, *args]
 
 

@@ -21,8 +21,6 @@ finish() {
 }
 trap finish EXIT
 scripts/test-images.sh >/dev/null
-# The static binary the agent tests put into derived images (its own target directory).
-scripts/agent-binary.sh >/dev/null
 cargo test --all-targets "$@"
 # Ignored tests belong to a CI job that runs them with --ignored (tests/harness.rs checks that
 # each is run by one): here the engine restart (it restarts dockerd) and the negative control of

@@ -260,26 +260,12 @@ fn ancestor_holds(path: &str) -> bool {
     false
 }
 
-/// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY`, else
-/// built once by `scripts/agent-binary.sh`.
+/// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY` when set,
+/// else the berth binary under test (every build of berth is static).
 pub fn agent_binary() -> PathBuf {
-    static PATH: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        if let Some(p) = std::env::var_os("BERTH_AGENT_BINARY") {
-            return PathBuf::from(p);
-        }
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/agent-binary.sh");
-        let out = Command::new(&script)
-            .output()
-            .expect("scripts/agent-binary.sh");
-        assert!(
-            out.status.success(),
-            "scripts/agent-binary.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
-    })
-    .clone()
+    std::env::var_os("BERTH_AGENT_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| super::agent::binary().to_path_buf())
 }
 
 /// One berth config and state directory on the Swarm.
