@@ -8,7 +8,10 @@ other's containers.
 import os, re, shutil, signal, socket, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BERTH = os.environ.get("BERTH_BIN", os.path.join(ROOT, "target/release/berth"))
+# Every build of berth targets the host's triple explicitly (.cargo/config.toml: static linking).
+HOST_TRIPLE = re.search(r"^host: (\S+)", subprocess.run(["rustc", "-vV"], capture_output=True, text=True).stdout,
+                        re.M).group(1)
+BERTH = os.environ.get("BERTH_BIN", os.path.join(ROOT, "target", HOST_TRIPLE, "release/berth"))
 IMAGE = "berth/envoy:1.40.0"
 BASE_PORT = 21000
 

@@ -15,7 +15,8 @@ Both fleets are 3 Envoy replicas on one host port (host networking, SO_REUSEPORT
 - failed requests = wrk socket errors + non-2xx (while no listener is open, wrk reconnects in a
   loop and files each refused attempt as a read error: the count measures retries, not
   clients), also per connection (50); the outage = the longest time without a 2xx on any connection (wrk Lua,
-  threads merged, 1 ms resolution);
+  threads merged, 1 ms resolution); the longest wait = the longest one connection waited for an
+  answer (wrk's longest request latency), a stall of one connection that the outage hides;
 - per-replica time: from berth's `replacing` event of a slot to the `removed` event of that
   slot's old container (events timestamped as they arrive), split into create+start until LIVE,
   min_ready (configured), drain (from the `drained` event) and stop+remove, against the floor:
@@ -62,15 +63,16 @@ def start_wrk(port):
 
 def stop_wrk(p):
     """SIGINT (wrk prints its summary): connect errors, other socket errors + non-2xx, requests,
-    the outage (longest time without a 2xx on any connection), each thread's longest 2xx gap."""
+    the outage (longest time without a 2xx on any connection), the longest wait of one connection
+    for an answer."""
     if p.poll() is not None:
         raise SystemExit(f"wrk ended before it was stopped (exit {p.returncode}):\n{p.stdout.read()}")
     p.send_signal(signal.SIGINT)
     out, _ = p.communicate(timeout=30)
     reqs = re.search(r"(\d+) requests in", out)
-    gap = re.search(r"MAXGAP ([\d.]+)", out)
+    wait = re.search(r"MAXWAIT ([\d.]+)", out)
     outage = re.search(r"OUTAGE ([\d.]+)", out)
-    if not reqs or not gap or not outage:
+    if not reqs or not wait or not outage:
         raise SystemExit(f"cannot read wrk's summary:\n{out}")
     connect = other = 0
     m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", out)
@@ -81,7 +83,7 @@ def stop_wrk(p):
     if m:
         other += int(m.group(1))
     return dict(errors=connect + other, connect=connect, other=other, reqs=int(reqs.group(1)),
-                gap=float(gap.group(1)), outage=float(outage.group(1)), wrk=out)
+                wait=float(wait.group(1)), outage=float(outage.group(1)), wrk=out)
 
 
 def images(label):
@@ -257,6 +259,7 @@ def report(b, c, floors, floors_idle):
         print(f"{name:<{w}} {format(f(b), fmt):>14} {format(f(c), fmt):>16}")
     row("outage: longest time without any 2xx (max), s", lambda rs: max(r["outage"] for r in rs), ".3f")
     row("outage (median of the rollouts), s", lambda rs: med([r["outage"] for r in rs]), ".3f")
+    row("longest wait of one connection for an answer, s", lambda rs: max(r["wait"] for r in rs), ".3f")
     row("failed requests per connection (per rollout, max)",
         lambda rs: max(r["errors"] for r in rs) / CONNECTIONS, ".1f")
     row("failed requests, total", lambda rs: sum(r["errors"] for r in rs), "d")
@@ -301,11 +304,13 @@ def report(b, c, floors, floors_idle):
           f" + {comp['drain']:.2f} = {goal:.2f}s -> {'met' if comp['total'] <= goal else 'NOT met'}"
           f" (median {comp['total']:.2f}s; {met} of {len(per)} replacements within their own goal)")
     print()
-    print("per rollout:   berth: failed (connect) / requests / outage / time"
-          "     compose: failed (connect) / requests / outage / time")
+    print("per rollout:   berth: failed (connect) / requests / outage / longest wait / time"
+          "     compose: failed (connect) / requests / outage / longest wait / time")
     for i, (x, y) in enumerate(zip(b, c)):
-        print(f"  {i + 1:>3}  {x['errors']:>8} ({x['connect']:>6}) {x['reqs']:>9} {x['outage']:>6.3f}s {x['total']:>6.2f}s"
-              f"  {y['errors']:>12} ({y['connect']:>6}) {y['reqs']:>9} {y['outage']:>6.3f}s {y['total']:>6.2f}s")
+        print(f"  {i + 1:>3}  {x['errors']:>8} ({x['connect']:>6}) {x['reqs']:>9} {x['outage']:>6.3f}s {x['wait']:>6.3f}s"
+              f" {x['total']:>6.2f}s"
+              f"  {y['errors']:>12} ({y['connect']:>6}) {y['reqs']:>9} {y['outage']:>6.3f}s {y['wait']:>6.3f}s"
+              f" {y['total']:>6.2f}s")
 
 
 if __name__ == "__main__":

@@ -17,7 +17,8 @@ keep-alive load (30 connections, 2 threads, 127.0.0.1 only), UPDATES times each,
 - the same load window on both sides: SETTLE s of load, the update command, until the port
   serves from 3 Envoy processes again, SETTLE s more;
 - failed requests = wrk socket errors + non-2xx; the outage = the longest time without a 2xx on
-  any connection (bench/gap.lua); update time = the command's wall time.
+  any connection, the longest wait = the longest one connection waited for an answer
+  (bench/gap.lua); update time = the command's wall time.
 
 Makes a single-node Swarm (--advertise-addr 127.0.0.1) when the engine is in none and leaves it
 afterwards; run it under the Docker lock. Its own label (io.berth.bench=swarm), proxies (bsw,
@@ -26,7 +27,7 @@ bswplain) and ports (21800, 21801).
 import os, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, HostSysctls, ROOT, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
+from common import (BASE_PORT, BERTH, HostSysctls, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
                     terminate_on_sigterm, wait_serving)
 import rollout  # noqa: E402
 from rollout import start_wrk, stop_wrk, children  # noqa: E402
@@ -39,8 +40,11 @@ LABEL = bench_label("swarm")
 PORT, PLAIN_PORT = BASE_PORT + 800, BASE_PORT + 801
 REPLICAS = 3
 SETTLE = 2.0
-AGENT = os.environ["BERTH_AGENT_BINARY"]          # static: berth and its own agent
-PLAIN_BERTH = os.path.join(ROOT, "target/debug/berth")  # dynamic: no agent
+AGENT = BERTH        # static: berth and its own agent
+PLAIN_BERTH = BERTH
+# The plain side runs without the agent: berth falls back to the image's own entrypoint when the
+# agent binary it is given is not static (a setting for it would be cleaner).
+NO_AGENT = "/bin/true"
 
 
 def config(name, port, image):
@@ -73,9 +77,8 @@ direct_response = {{ status = 200, body = "{name}\\n" }}
 
 def berth_cmd(binary, cfg, state, *args, agent=True):
     # env's options (-u) come before its assignments.
-    env = ["env"] + ([] if agent else ["-u", "BERTH_AGENT_BINARY"])
-    env += [f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
-    env += [f"BERTH_AGENT_BINARY={AGENT}"] if agent else []
+    env = ["env", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
+    env += [f"BERTH_AGENT_BINARY={AGENT if agent else NO_AGENT}"]
     return env + [binary, "-f", cfg, "--state-dir", state, "--container-label", LABEL, *args]
 
 
@@ -145,6 +148,7 @@ def table(b, p):
     row("update time (median), s", lambda r: statistics.median(x["took"] for x in r), "{:.1f}")
     row("update time (max), s", lambda r: max(x["took"] for x in r), "{:.1f}")
     row("outage: longest time without any 2xx (max), s", lambda r: max(x["outage"] for x in r), "{:.3f}")
+    row("longest wait of one connection for an answer, s", lambda r: max(x["wait"] for x in r), "{:.3f}")
     row("requests served, total", lambda r: sum(x["reqs"] for x in r))
     row("update commands that failed", lambda r: sum(1 for x in r if x["rc"] != 0))
 

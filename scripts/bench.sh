@@ -2,12 +2,12 @@
 # Benchmarks, each printing its tables:   scripts/bench.sh noop | rollout | serve | swarm | all
 # Short runs: BENCH_RUNS (noop, default 5), BENCH_ROLLOUTS (rollout, default 10),
 # BENCH_ROUNDS (serve, default 5), BENCH_UPDATES (swarm, default 4). `swarm` makes a single-node
-# Swarm when the engine is in none (and leaves it); it runs berth as the static agent binary
-# (scripts/agent-binary.sh), so it needs no release build. Each benchmark has its own container label, proxy names,
+# Swarm when the engine is in none (and leaves it); the release berth is its own agent (it is
+# statically linked). Each benchmark has its own container label, proxy names,
 # compose project and ports, and removes its containers and directories when it ends; traffic
 # goes to 127.0.0.1 only.
 # Each run's raw output, headed by the commit, the date and the tool versions, is written to
-# bench/results/<name>.txt (BENCH_RESULTS=DIR elsewhere): README's figures quote those files.
+# bench/results/<name>.txt (BENCH_RESULTS=DIR elsewhere): docs/benchmarks.md quotes those files.
 # On a shared host, run it under the Docker lock: flock -o /tmp/berth-docker.lock scripts/bench.sh noop
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,14 +23,10 @@ case "$which" in noop|rollout|all) need docker-compose docker-compose ;; esac
 case "$which" in rollout|swarm|all) need wrk wrk ;; esac
 need curl curl
 scripts/test-images.sh >/dev/null
-if [ "$which" = swarm ]; then
-  BERTH_AGENT_BINARY=$(scripts/agent-binary.sh)
-  export BERTH_AGENT_BINARY BERTH_BIN=$BERTH_AGENT_BINARY
-  cargo build --quiet --bin berth   # the plain side's berth: dynamic, so without the agent
-else
-  cargo build --release --quiet --bin berth
-fi
-berth_bin=${BERTH_BIN:-target/release/berth}
+cargo build --release --quiet --bin berth
+# Static builds name the host's target (.cargo/config.toml), so the binary is under its triple.
+berth_bin=${BERTH_BIN:-${CARGO_TARGET_DIR:-target}/$(rustc -vV | sed -n 's/^host: //p')/release/berth}
+export BERTH_BIN=$berth_bin
 results=${BENCH_RESULTS:-bench/results}
 mkdir -p "$results"
 

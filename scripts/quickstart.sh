@@ -11,7 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 config=examples/quickstart.toml
-berth=target/release/berth
+# Every build is static and names the host's target (.cargo/config.toml): target/<triple>/release.
+berth=${CARGO_TARGET_DIR:-target}/$(rustc -vV | sed -n 's/^host: //p')/release/berth
 say() { printf '\n==> %s\n' "$*"; }
 
 say "building berth (cargo build --release)"

@@ -139,7 +139,7 @@ async fn admin_over_the_socket_of_a_real_replica() {
     drop(second);
     drop(conn);
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        eventually(common::EVENTUALLY, || async {
             admin.downstream_connections().await.unwrap() == 0
         })
         .await,
@@ -170,7 +170,7 @@ async fn admin_over_the_socket_of_a_real_replica() {
     drop(during);
     drop(kept);
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        eventually(common::EVENTUALLY, || async {
             admin.downstream_connections().await.unwrap() == 0
         })
         .await
@@ -178,7 +178,7 @@ async fn admin_over_the_socket_of_a_real_replica() {
     // Stop the listeners: new connections are refused, the admin still answers.
     admin.drain_listeners(false).await.unwrap();
     assert!(
-        eventually(Duration::from_secs(5), || async {
+        eventually(common::EVENTUALLY, || async {
             connect(port).await.is_err()
         })
         .await,

@@ -191,10 +191,11 @@ async fn a_grpc_stream_open_during_a_rollout_lasts_the_drain_window() {
             .is_some_and(|m| m.starts_with("1 connection(s) left")),
         "{drained_event}"
     );
-    // …and the stream kept flowing until the window ended (messages every 100 ms; the
-    // slack is the 100 ms interval and reading berth's events through a pipe).
+    // …and the stream kept flowing until the window ended (messages every 100 ms). The slack
+    // covers a busy host's stalls (the gap is printed above); a stream cut when the drain
+    // began would end the whole 14 s window earlier.
     assert!(
-        last + Duration::from_millis(500) >= drained,
+        last + Duration::from_secs(2) >= drained,
         "the stream stopped {:?} before the drain window ended",
         drained.saturating_duration_since(last)
     );
@@ -247,17 +248,22 @@ fn get(port: u16, path: &str) -> (u16, String) {
     http_get(port, path).expect("an HTTP answer through berth")
 }
 
-/// Until every one of `n` requests is answered `want` (replicas reload their secrets on their
-/// own); the answers seen last otherwise.
+/// Until every one of 8 requests is answered `want` (replicas reload their secrets on their
+/// own, after `berth up` returned; the bound only ends a hang); the answers seen last
+/// otherwise. Prints how long it took.
 async fn wait_answer(port: u16, path: &str, want: &(u16, String)) {
     let start = Instant::now();
     loop {
         let seen: Vec<(u16, String)> = (0..8).map(|_| get(port, path)).collect();
         if seen.iter().all(|s| s == want) {
+            eprintln!(
+                "{path}: answered {want:?} {:?} after berth up",
+                start.elapsed()
+            );
             return;
         }
         assert!(
-            start.elapsed() < Duration::from_secs(5),
+            start.elapsed() < common::EVENTUALLY,
             "{path}: wanted {want:?}, got {seen:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;

@@ -137,9 +137,9 @@ fn load_on_both(guard: &SwarmGuard, port: u16, per_request: bool) -> (Load, Load
     let max = Duration::from_secs(240);
     let start = |addr| {
         if per_request {
-            Load::start_per_request_on(addr, port, "/", CONNECTIONS / 2, max)
+            Load::start_per_request_to((addr, port).into(), "/", CONNECTIONS / 2, max)
         } else {
-            Load::start_on(addr, port, "/", CONNECTIONS, max)
+            Load::start_to((addr, port).into(), "/", CONNECTIONS, max)
         }
     };
     (
@@ -259,9 +259,18 @@ fn the_worker_pulls_the_agent_image_with_the_forwarded_credentials() {
 /// run until the server closes them. Returns (manager's report, worker's report).
 async fn drain_the_worker(guard: &SwarmGuard, port: u16) -> (LoadReport, LoadReport) {
     let max = Duration::from_secs(120);
-    let on_manager = Load::start_on(guard.nodes.manager_addr(), port, "/", CONNECTIONS, max);
-    let on_worker =
-        Load::start_until_closed_on(guard.nodes.worker_addr(), port, "/", CONNECTIONS, max);
+    let on_manager = Load::start_to(
+        (guard.nodes.manager_addr(), port).into(),
+        "/",
+        CONNECTIONS,
+        max,
+    );
+    let on_worker = Load::start_until_closed_to(
+        (guard.nodes.worker_addr(), port).into(),
+        "/",
+        CONNECTIONS,
+        max,
+    );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(on_worker.open_connections(), CONNECTIONS);
     let worker = guard.nodes.worker_node().to_string();

@@ -14,6 +14,7 @@ use common::fleet::{assert_no_failures, ensure_images, stderr, Fleet, PROXY};
 use common::load::Load;
 use common::serve::Serve;
 use common::tls::{pair, replace, served_serials};
+use common::EVENTUALLY;
 use common::TEST_IMAGE;
 
 fn config(port: u16) -> String {
@@ -62,13 +63,14 @@ impl Files {
     }
 }
 
-/// Until 16 new connections in a row are served `serial`; the time it took.
-async fn wait_served(port: u16, serial: &str, within: Duration) -> Duration {
+/// Until 16 new connections in a row are served `serial`; the time it took and how many
+/// rounds of 16 handshakes.
+async fn wait_served(port: u16, serial: &str, within: Duration) -> (Duration, u32) {
     let start = Instant::now();
-    loop {
+    for round in 1.. {
         let seen = served_serials(port, 16).await;
         if seen == [serial] {
-            return start.elapsed();
+            return (start.elapsed(), round);
         }
         assert!(
             start.elapsed() < within,
@@ -76,6 +78,7 @@ async fn wait_served(port: u16, serial: &str, within: Duration) -> Duration {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    unreachable!()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -97,9 +100,17 @@ async fn a_renewed_certificate_is_served_after_up_and_bad_ones_are_refused() {
     let out = fleet.up().await;
     assert!(out.status.success(), "berth up failed");
     let up_took = changed.elapsed();
-    let serving = wait_served(fleet.port, "1002", Duration::from_secs(1)).await;
+    // Order: up returns once every replica's Envoy lists the new serial...
+    let printed = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        printed.contains("confirmed by 2 replica(s)"),
+        "berth up confirms the new files from every replica: {printed}"
+    );
+    // ...so new handshakes get it (the bound only ends a hang).
+    let (serving, rounds) = wait_served(fleet.port, "1002", EVENTUALLY).await;
     eprintln!(
-        "rotation through up: every replica served the new serial {:?} after the file change (berth up took {up_took:?})",
+        "rotation through up: every replica served the new serial {:?} after the file change \
+         (berth up took {up_took:?}, then {serving:?} and {rounds} round(s) of 16 handshakes)",
         up_took + serving
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -155,8 +166,11 @@ async fn serve_notices_a_renewed_certificate_and_serves_it() {
     let load = Load::start_tls(fleet.port, "/", 8, Duration::from_secs(300));
     tokio::time::sleep(Duration::from_millis(500)).await;
     files.put(&pair(0x2002, 2020, 2090));
-    let took = wait_served(fleet.port, "2002", Duration::from_secs(30)).await;
-    eprintln!("rotation through serve: every replica served the new serial {took:?} after the file change");
+    let (took, rounds) = wait_served(fleet.port, "2002", EVENTUALLY).await;
+    eprintln!(
+        "rotation through serve: every replica served the new serial {took:?} after the file \
+         change ({rounds} round(s) of 16 handshakes)"
+    );
     tokio::task::block_in_place(|| {
         serve.wait_for("converged", Duration::from_secs(30), |s| {
             s.converged(PROXY, 2)

@@ -1,8 +1,8 @@
 //! Finding the statically linked berth binary that goes into the derived image.
 //!
 //! The agent runs inside Envoy images that may have no C library at all (scratch, distroless),
-//! so only a static binary will do. berth's own executable is used when it is static (a berth
-//! built with `scripts/agent-binary.sh`); otherwise `BERTH_AGENT_BINARY` must name one.
+//! so only a static binary will do. berth's own executable is used when it is static (every
+//! build from this repository is: .cargo/config.toml); otherwise `BERTH_AGENT_BINARY` must name one.
 
 use std::path::{Path, PathBuf};
 
@@ -12,8 +12,9 @@ use anyhow::{bail, Context, Result};
 pub const ENV_BINARY: &str = "BERTH_AGENT_BINARY";
 
 /// The command that builds the static binary, for messages.
-pub const BUILD_HINT: &str = "build it with `scripts/agent-binary.sh` (it prints its path) and \
-     set BERTH_AGENT_BINARY to that path, or run a berth built that way";
+pub const BUILD_HINT: &str = "build berth with plain `cargo build --release` in its repository \
+     (static through its .cargo/config.toml; a RUSTFLAGS variable overrides that and links it \
+     dynamically) or install the berth package, or set BERTH_AGENT_BINARY to a static berth";
 
 /// The static berth binary: `BERTH_AGENT_BINARY` when set, else this executable when it is
 /// statically linked.
@@ -91,10 +92,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_dynamic_executable_is_told_apart() {
-        // The test binary itself is linked dynamically (ordinary builds are not static).
+    fn static_and_dynamic_executables_are_told_apart() {
+        // The test binary is built like berth itself: statically (.cargo/config.toml).
         let own = std::env::current_exe().unwrap();
-        assert!(!is_static(&own).unwrap());
+        assert!(is_static(&own).unwrap(), "{} is not static", own.display());
+        // Debian's shell is linked dynamically.
+        assert!(!is_static(Path::new("/bin/sh")).unwrap());
         assert!(is_static(Path::new("Cargo.toml")).is_err());
     }
 

@@ -1,42 +1,15 @@
 #![allow(dead_code)]
-//! The derived agent image for tests: the static berth binary (built once per test binary by
-//! `scripts/agent-binary.sh`, quick when up to date; CI builds it in its own step first) put on
-//! a test Envoy image with `berth::agent::image`. The tag is derived from both, so every test
-//! binary shares one image per base image and binary.
+//! The derived agent image for tests: the berth binary under test (statically linked, as every
+//! build of berth is: .cargo/config.toml) put on a test Envoy image with `berth::agent::image`.
+//! The tag is derived from both, so every test binary shares one image per base image and binary.
 
-use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::path::Path;
 
 use berth::engine::ContainerEngine;
 
-/// The static berth binary, built if needed.
+/// The berth binary under test, which is also the agent.
 pub fn binary() -> &'static Path {
-    static PATH: OnceLock<PathBuf> = OnceLock::new();
-    PATH.get_or_init(|| {
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/agent-binary.sh");
-        // A clean environment: cargo's variables in a test's environment (CARGO_MANIFEST_DIR,
-        // BERTH_GIT_COMMIT) are tracked by build scripts and would make the static build start
-        // over whenever it was last built from a shell (or CI's step), and the other way round.
-        let keep = [
-            "PATH",
-            "HOME",
-            "CARGO_HOME",
-            "RUSTUP_HOME",
-            "RUSTUP_TOOLCHAIN",
-            "TMPDIR",
-        ];
-        let out = std::process::Command::new(&script)
-            .env_clear()
-            .envs(keep.iter().filter_map(|k| Some((k, std::env::var_os(k)?))))
-            .output()
-            .expect("running scripts/agent-binary.sh");
-        assert!(
-            out.status.success(),
-            "scripts/agent-binary.sh failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        PathBuf::from(String::from_utf8(out.stdout).unwrap().trim())
-    })
+    Path::new(env!("CARGO_BIN_EXE_berth"))
 }
 
 /// The derived image of `base` (which must be present), built if needed; its tag.

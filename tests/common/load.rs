@@ -1,14 +1,18 @@
 #![allow(dead_code)]
-//! An HTTP load generator for 127.0.0.1 (or an address of a namespace the test made: the
-//! `_on` variants) that counts every failed request and the longest time without a successful
-//! response: keep-alive clients ([`Load::start`]), clients that open a new connection for every
-//! request ([`Load::start_per_request`]: what catches connections queued on a closing
-//! listener), or connections that each run until the server closes them
-//! ([`Load::start_until_closed_on`]: what tells a graceful end from a reset). Bounded: it stops
-//! when told, or at `max_time`.
-//! [`assert_no_failures`] is the one check every test under load makes.
+//! An HTTP load generator for 127.0.0.1 (or an address of a namespace the test made) that
+//! counts every failed request, the longest time without a successful response on any
+//! connection (the outage) and the longest time any one client waited for an answer (a stall
+//! of one connection, which the others' answers hide from the outage): keep-alive clients
+//! ([`Load::start`]), clients that open a new connection for every request
+//! ([`Load::start_per_request`]: what catches connections queued on a closing listener), or
+//! connections that each run until the server closes them ([`Load::start_until_closed_to`]:
+//! what tells a graceful end from a reset).
+//! Bounded: it stops when told, or at `max_time`. While it runs it holds the sysctl lock
+//! shared ([`super::host::SysctlLock::shared`]): no negative control elsewhere turns
+//! `tcp_migrate_req` off under it. [`assert_no_failures`] is the one check every test under
+//! load makes.
 
-use std::net::IpAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -23,6 +27,8 @@ use tokio::task::JoinHandle;
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// The longest stretch without a successful response that [`assert_no_failures`] accepts.
 pub const MAX_GAP: Duration = Duration::from_secs(1);
+/// The longest time one client may wait for an answer in [`assert_no_failures`].
+pub const MAX_WAIT: Duration = Duration::from_secs(1);
 /// The fewest successful requests per second and connection [`assert_no_failures`] accepts:
 /// far below what a direct response on 127.0.0.1 sustains even on a busy 2-core host, so it
 /// only fails when connections sat idle or stalled.
@@ -40,9 +46,13 @@ pub struct LoadReport {
     pub errors: Vec<String>,
     /// The longest stretch with no successful response, across all connections.
     pub longest_gap: Duration,
+    /// The longest time one client waited for an answer: from its start or its previous
+    /// successful answer to the next one (or to the stop), and which client (0-based).
+    pub longest_wait: Duration,
+    pub longest_waiting_client: usize,
     pub elapsed: Duration,
     /// Connections the server closed between requests (`connection: close`, or closed while
-    /// idle): a graceful end. Counted by every mode; only [`Load::start_until_closed_on`]'s
+    /// idle): a graceful end. Counted in every mode; only [`Load::start_until_closed_to`]'s
     /// connections stay closed.
     pub closed_gracefully: u64,
 }
@@ -50,12 +60,14 @@ pub struct LoadReport {
 impl LoadReport {
     pub fn summary(&self) -> String {
         format!(
-            "{} ok, {} failed ({} non-2xx, {} timeouts), longest gap {:?}, over {:.1}s on {} connections; first errors: {:?}",
+            "{} ok, {} failed ({} non-2xx, {} timeouts), longest gap {:?}, longest wait of one client {:?} (client {}), over {:.1}s on {} connections; first errors: {:?}",
             self.ok,
             self.failed,
             self.non_2xx,
             self.timeouts,
             self.longest_gap,
+            self.longest_wait,
+            self.longest_waiting_client,
             self.elapsed.as_secs_f64(),
             self.connections,
             &self.errors[..self.errors.len().min(5)]
@@ -70,7 +82,8 @@ impl LoadReport {
 }
 
 /// No request failed or timed out, no stretch without a success was longer than [`MAX_GAP`],
-/// and the load ran at least [`LoadReport::min_ok`] requests.
+/// no client waited longer than [`MAX_WAIT`] for an answer, and the load ran at least
+/// [`LoadReport::min_ok`] requests.
 pub fn assert_no_failures(what: &str, report: &LoadReport) {
     eprintln!("{what}: {}", report.summary());
     assert_eq!(report.failed, 0, "{what}: {}", report.summary());
@@ -78,6 +91,13 @@ pub fn assert_no_failures(what: &str, report: &LoadReport) {
         report.longest_gap <= MAX_GAP,
         "{what}: no successful response for {:?} (at most {MAX_GAP:?}): {}",
         report.longest_gap,
+        report.summary()
+    );
+    assert!(
+        report.longest_wait <= MAX_WAIT,
+        "{what}: client {} waited {:?} for an answer (at most {MAX_WAIT:?}): {}",
+        report.longest_waiting_client,
+        report.longest_wait,
         report.summary()
     );
     assert!(
@@ -99,6 +119,8 @@ struct Shared {
     errors: Mutex<Vec<String>>,
     last_ok: Mutex<Instant>,
     longest_gap: Mutex<Duration>,
+    /// The longest wait of one client, and which, each client's as it ends.
+    longest_wait: Mutex<(Duration, usize)>,
 }
 
 pub struct Load {
@@ -106,51 +128,31 @@ pub struct Load {
     tasks: Vec<JoinHandle<()>>,
     started: Instant,
     connections: usize,
+    _sysctl: super::host::SysctlLock,
 }
 
 impl Load {
     /// Starts `connections` keep-alive clients sending `GET path` to 127.0.0.1:port.
     pub fn start(port: u16, path: &str, connections: usize, max_time: Duration) -> Load {
-        Load::start_on(LOOPBACK, port, path, connections, max_time)
+        Load::start_to(loopback(port), path, connections, max_time)
     }
 
-    /// [`Load::start`] to `addr`.
-    pub fn start_on(
-        addr: IpAddr,
-        port: u16,
-        path: &str,
-        connections: usize,
-        max_time: Duration,
-    ) -> Load {
-        Load::spawn(
-            (addr, port),
-            path,
-            connections,
-            max_time,
-            Mode::KeepAlive,
-            None,
-        )
+    /// [`Load::start`] to `addr` (an address of a namespace the test made).
+    pub fn start_to(addr: SocketAddr, path: &str, connections: usize, max_time: Duration) -> Load {
+        Load::spawn(addr, path, connections, max_time, Mode::KeepAlive, None)
     }
 
-    /// `connections` keep-alive connections to `addr:port` that each send `GET path` until the
+    /// `connections` keep-alive connections to `addr` that each send `GET path` until the
     /// server closes the connection between two requests (a graceful end, counted in
     /// [`LoadReport::closed_gracefully`]); a connection the server breaks mid-request is a
     /// failure, and none is opened again. [`Load::open_connections`] says how many still run.
-    pub fn start_until_closed_on(
-        addr: IpAddr,
-        port: u16,
+    pub fn start_until_closed_to(
+        addr: SocketAddr,
         path: &str,
         connections: usize,
         max_time: Duration,
     ) -> Load {
-        Load::spawn(
-            (addr, port),
-            path,
-            connections,
-            max_time,
-            Mode::UntilClosed,
-            None,
-        )
+        Load::spawn(addr, path, connections, max_time, Mode::UntilClosed, None)
     }
 
     /// Like [`Load::start`] over HTTPS (any server certificate accepted, SNI "localhost");
@@ -172,7 +174,7 @@ impl Load {
             name: name.to_string(),
         });
         Load::spawn(
-            (LOOPBACK, port),
+            loopback(port),
             path,
             connections,
             max_time,
@@ -184,35 +186,28 @@ impl Load {
     /// Starts `clients` clients that each open a connection, send one `GET path` with
     /// `connection: close`, read the answer, and start over.
     pub fn start_per_request(port: u16, path: &str, clients: usize, max_time: Duration) -> Load {
-        Load::start_per_request_on(LOOPBACK, port, path, clients, max_time)
+        Load::start_per_request_to(loopback(port), path, clients, max_time)
     }
 
-    /// [`Load::start_per_request`] to `addr`.
-    pub fn start_per_request_on(
-        addr: IpAddr,
-        port: u16,
+    /// [`Load::start_per_request`] to `addr` (an address of a namespace the test made).
+    pub fn start_per_request_to(
+        addr: SocketAddr,
         path: &str,
         clients: usize,
         max_time: Duration,
     ) -> Load {
-        Load::spawn(
-            (addr, port),
-            path,
-            clients,
-            max_time,
-            Mode::PerRequest,
-            None,
-        )
+        Load::spawn(addr, path, clients, max_time, Mode::PerRequest, None)
     }
 
     fn spawn(
-        target: (IpAddr, u16),
+        addr: SocketAddr,
         path: &str,
         connections: usize,
         max_time: Duration,
         mode: Mode,
         tls: Option<Tls>,
     ) -> Load {
+        let sysctl = super::host::SysctlLock::shared();
         let now = Instant::now();
         let shared = Arc::new(Shared {
             stop: AtomicBool::new(false),
@@ -224,14 +219,23 @@ impl Load {
             errors: Mutex::new(Vec::new()),
             last_ok: Mutex::new(now),
             longest_gap: Mutex::new(Duration::ZERO),
+            longest_wait: Mutex::new((Duration::ZERO, 0)),
         });
         let deadline = now + max_time;
         let tasks = (0..connections)
-            .map(|_| {
+            .map(|i| {
                 let shared = shared.clone();
                 let path = path.to_string();
                 let tls = tls.clone();
-                tokio::spawn(async move { client(target, path, shared, deadline, mode, tls).await })
+                tokio::spawn(async move {
+                    let mut waits = Waits::new();
+                    client(addr, path, &shared, deadline, mode, tls, &mut waits).await;
+                    let longest = waits.end();
+                    let mut worst = shared.longest_wait.lock().unwrap();
+                    if longest > worst.0 {
+                        *worst = (longest, i);
+                    }
+                })
             })
             .collect();
         Load {
@@ -239,6 +243,7 @@ impl Load {
             tasks,
             started: now,
             connections,
+            _sysctl: sysctl,
         }
     }
 
@@ -246,7 +251,7 @@ impl Load {
         self.shared.ok.load(Ordering::Relaxed)
     }
 
-    /// How many clients still run (all of them, but for [`Load::start_until_closed_on`]'s
+    /// How many clients still run (all of them, but for [`Load::start_until_closed_to`]'s
     /// connections the server closed).
     pub fn open_connections(&self) -> usize {
         self.tasks.iter().filter(|t| !t.is_finished()).count()
@@ -261,6 +266,7 @@ impl Load {
         let s = &self.shared;
         let tail = s.last_ok.lock().unwrap().elapsed();
         let longest = (*s.longest_gap.lock().unwrap()).max(tail);
+        let (longest_wait, longest_waiting_client) = *s.longest_wait.lock().unwrap();
         LoadReport {
             ok: s.ok.load(Ordering::Relaxed),
             failed: s.failed.load(Ordering::Relaxed),
@@ -269,10 +275,41 @@ impl Load {
             connections: self.connections,
             errors: s.errors.lock().unwrap().clone(),
             longest_gap: longest,
+            longest_wait,
+            longest_waiting_client,
             elapsed: self.started.elapsed(),
             closed_gracefully: s.closed_gracefully.load(Ordering::Relaxed),
         }
     }
+}
+
+/// One client's longest wait for an answer.
+struct Waits {
+    since: Instant,
+    longest: Duration,
+}
+
+impl Waits {
+    fn new() -> Waits {
+        Waits {
+            since: Instant::now(),
+            longest: Duration::ZERO,
+        }
+    }
+
+    fn answered(&mut self) {
+        self.longest = self.longest.max(self.since.elapsed());
+        self.since = Instant::now();
+    }
+
+    /// The longest wait, the one since the last answer included.
+    fn end(self) -> Duration {
+        self.longest.max(self.since.elapsed())
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 fn record_ok(shared: &Shared) {
@@ -316,12 +353,12 @@ impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Stream for 
 
 /// Opens a keep-alive HTTP/1.1 connection (over TLS with `tls`), within [`REQUEST_TIMEOUT`].
 async fn connect(
-    target: (IpAddr, u16),
+    addr: SocketAddr,
     shared: &Shared,
     tls: Option<&Tls>,
 ) -> Option<hyper::client::conn::http1::SendRequest<Empty<Bytes>>> {
     let open = async {
-        let stream = TcpStream::connect(target)
+        let stream = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
         let _ = stream.set_nodelay(true);
@@ -368,25 +405,24 @@ enum Mode {
     UntilClosed,
 }
 
-const LOOPBACK: IpAddr = IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
-
 async fn client(
-    target: (IpAddr, u16),
+    addr: SocketAddr,
     path: String,
-    shared: Arc<Shared>,
+    shared: &Shared,
     deadline: Instant,
     mode: Mode,
     tls: Option<Tls>,
+    waits: &mut Waits,
 ) {
     let close = mode == Mode::PerRequest;
+    let once = mode == Mode::UntilClosed;
     // The server ended the connection between requests: a graceful end.
-    let closed = |shared: &Shared| {
+    let closed = || {
         shared.closed_gracefully.fetch_add(1, Ordering::Relaxed);
-        mode != Mode::UntilClosed
     };
     'connection: while !shared.stop.load(Ordering::Relaxed) && Instant::now() < deadline {
-        let Some(mut sender) = connect(target, &shared, tls.as_ref()).await else {
-            if mode == Mode::UntilClosed {
+        let Some(mut sender) = connect(addr, shared, tls.as_ref()).await else {
+            if once {
                 return;
             }
             continue;
@@ -401,10 +437,11 @@ async fn client(
             if sender.ready().await.is_err() {
                 // The server closed the connection between requests (after `connection:
                 // close`): not a failed request, open a new connection.
-                if closed(&shared) {
-                    continue 'connection;
+                closed();
+                if once {
+                    return;
                 }
-                return;
+                continue 'connection;
             }
             let host = tls.as_ref().map_or("localhost", |t| t.name.as_str());
             let mut request = hyper::Request::get(path.as_str()).header("host", host);
@@ -432,32 +469,34 @@ async fn client(
             match tokio::time::timeout(REQUEST_TIMEOUT, exchange).await {
                 Ok(Ok((status, closed_by_server))) => {
                     if status.is_success() {
-                        record_ok(&shared);
+                        record_ok(shared);
+                        waits.answered();
                     } else {
                         shared.non_2xx.fetch_add(1, Ordering::Relaxed);
-                        record_failure(&shared, format!("status {status}"));
+                        record_failure(shared, format!("status {status}"));
                     }
                     if close {
                         continue 'connection;
                     }
                     if closed_by_server {
-                        if closed(&shared) {
-                            continue 'connection;
+                        closed();
+                        if once {
+                            return;
                         }
-                        return;
+                        continue 'connection;
                     }
                 }
                 Ok(Err(e)) => {
-                    record_failure(&shared, e);
-                    if mode == Mode::UntilClosed {
+                    record_failure(shared, e);
+                    if once {
                         return;
                     }
                     continue 'connection;
                 }
                 Err(_) => {
                     // The connection may still deliver the late answer: drop it.
-                    record_timeout(&shared, "request");
-                    if mode == Mode::UntilClosed {
+                    record_timeout(shared, "request");
+                    if once {
                         return;
                     }
                     continue 'connection;

@@ -11,8 +11,10 @@ pub mod eg;
 pub mod fleet;
 pub mod host;
 pub mod load;
+pub mod locks;
 pub mod registry;
 pub mod serve;
+pub mod skip;
 pub mod swarm;
 pub mod swarm_nodes;
 pub mod tls;
@@ -26,6 +28,8 @@ use std::process::Command;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
+pub use skip::skip;
+
 use berth::admin::{Admin, ReadyState};
 use berth::layout;
 use berth::replica::{
@@ -37,6 +41,12 @@ pub const TEST_IMAGE: &str = "berth-test/envoy:1.40.0";
 pub const TEST_VERSION: &str = "1.40.0";
 /// Per-test label, so a test removes its own containers and nobody else's.
 pub const LABEL_TEST_CASE: &str = "io.berth.test.case";
+
+/// How long a test waits for what follows at once from an event it has seen (a certificate
+/// served after `berth up` confirmed it from every replica, a reloaded secret used, a closed
+/// connection counted): a bound against a hang, not a measure of speed, so it is far above
+/// what a busy 2-core host needs; a test prints the time it took as a figure.
+pub const EVENTUALLY: Duration = Duration::from_secs(30);
 
 /// Where berth writes its sysctl drop-in during tests (never /etc/sysctl.d of the test host).
 pub const TEST_SYSCTL_DROPIN: &str = "/tmp/berth-test-sysctl.d/60-berth.conf";
@@ -116,13 +126,6 @@ impl Drop for Cleanup {
                 .output();
         }
     }
-}
-
-/// Says that a test does not run here and why, on the real stderr (the harness captures
-/// `eprintln!` of passing tests), in the form the CI jobs grep for: "SKIPPED name: why".
-pub fn skip(test: &str, why: &str) {
-    use std::io::Write;
-    let _ = writeln!(std::io::stderr().lock(), "SKIPPED {test}: {why}");
 }
 
 /// A short temporary directory under /tmp (socket paths are limited to 108 bytes).

@@ -198,50 +198,12 @@ fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Whether a process among this one's ancestors holds a flock on `path` (from /proc/locks):
-/// then this run holds it already (`flock -o … cargo test`), and taking it again would wait
-/// forever.
-pub fn ancestor_holds(path: &str) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    let Ok(meta) = std::fs::metadata(path) else {
-        return false;
-    };
-    let inode = meta.ino().to_string();
-    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
-    let holders: Vec<u32> = locks
-        .lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (kind, pid, dev) = (f.get(1)?, f.get(4)?, f.get(5)?);
-            (*kind == "FLOCK" && dev.rsplit(':').next() == Some(inode.as_str()))
-                .then(|| pid.parse().ok())
-                .flatten()
-        })
-        .collect();
-    let mut pid = std::process::id();
-    while pid > 1 {
-        if holders.contains(&pid) {
-            return true;
-        }
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // The fields after the command name (which may hold spaces) start with state, ppid.
-        pid = stat
-            .rsplit(')')
-            .next()
-            .and_then(|rest| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse().ok())
-            .unwrap_or(1);
-    }
-    false
-}
-
-/// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY`, else
-/// built once by `scripts/agent-binary.sh` ([`super::agent::binary`]).
+/// The static agent binary berth puts into the derived image: `BERTH_AGENT_BINARY` when set,
+/// else the berth binary under test (every build of berth is static).
 pub fn agent_binary() -> PathBuf {
-    match std::env::var_os("BERTH_AGENT_BINARY") {
-        Some(p) => PathBuf::from(p),
-        None => super::agent::binary().to_path_buf(),
-    }
+    std::env::var_os("BERTH_AGENT_BINARY")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| super::agent::binary().to_path_buf())
 }
 
 /// One berth config and state directory on the Swarm.

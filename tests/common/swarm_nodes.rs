@@ -86,7 +86,7 @@ impl Nodes {
             // Not this process's stderr: the script outlives it when it dies, and a write to a
             // closed pipe would kill the teardown.
             .stderr(log);
-        if super::swarm::ancestor_holds(SWARM_LOCK) {
+        if super::locks::ancestor_holds(SWARM_LOCK) {
             // `flock swarm.lock cargo test …`: the lock is this run's already.
             cmd.env("BERTH_SWARM_LOCK_HELD", "1");
         }

@@ -1,0 +1,184 @@
+//! The test harness keeps its promises (no Docker, no Envoy):
+//! - a test that cannot run fails under CI, saying why, and elsewhere is counted as skipped
+//!   after the harness's own count line (`common::skip`);
+//! - every `#[ignore]`d test is run by a CI script with `--ignored`, so ignoring a test never
+//!   takes it out of CI.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+const REASON: &str = "the peer this test needs is not here";
+
+/// Runs this very test in a child process with `env` (CI set or not); its exit status and its
+/// stdout and stderr as one text, in the order they were written.
+fn run_child(ci: Option<&str>, skip_log: &Path) -> (bool, String) {
+    let out = tempfile::NamedTempFile::new().unwrap();
+    // One open file for both (a shared offset), so the text keeps the order of the writes.
+    let both = out.reopen().unwrap();
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args([
+        "--exact",
+        "a_skip_fails_under_ci_and_is_counted_elsewhere",
+        "--test-threads",
+        "1",
+    ])
+    .env("BERTH_TEST_CHILD", "1")
+    .env("BERTH_SKIP_LOG", skip_log)
+    .stdin(Stdio::null())
+    .stdout(both.try_clone().unwrap())
+    .stderr(both);
+    match ci {
+        Some(v) => cmd.env("CI", v),
+        None => cmd.env_remove("CI"),
+    };
+    let status = cmd.status().unwrap();
+    (
+        status.success(),
+        std::fs::read_to_string(out.path()).unwrap(),
+    )
+}
+
+#[test]
+fn a_skip_fails_under_ci_and_is_counted_elsewhere() {
+    if std::env::var_os("BERTH_TEST_CHILD").is_some() {
+        return common::skip("the child", REASON);
+    }
+    let dir = common::short_tempdir();
+    let log = dir.path().join("skips");
+
+    for ci in ["1", "true"] {
+        let (ok, text) = run_child(Some(ci), &log);
+        assert!(!ok, "CI={ci}: a skip must fail the test:\n{text}");
+        assert!(
+            text.contains(&format!("the child cannot run here: {REASON}")),
+            "CI={ci}: says why:\n{text}"
+        );
+        assert!(text.contains("test result: FAILED"), "{text}");
+    }
+    assert!(!log.exists(), "nothing is logged as skipped under CI");
+
+    for ci in [None, Some(""), Some("0"), Some("false")] {
+        let (ok, text) = run_child(ci, &log);
+        assert!(ok, "CI={ci:?}: a skip passes outside CI:\n{text}");
+        let said = text
+            .find(&format!("SKIPPED the child: {REASON}"))
+            .unwrap_or_else(|| panic!("CI={ci:?}: says SKIPPED at once:\n{text}"));
+        let count = text.find("test result: ok. 1 passed").expect(&text);
+        let summary = text
+            .find("1 of the tests counted as passed above did not run")
+            .unwrap_or_else(|| panic!("CI={ci:?}: a summary of the skips:\n{text}"));
+        assert!(said < count && count < summary, "in that order:\n{text}");
+        assert!(
+            text[summary..].contains(&format!("SKIPPED the child: {REASON}")),
+            "{text}"
+        );
+    }
+    let logged = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        logged.lines().collect::<Vec<_>>(),
+        vec![format!("SKIPPED the child: {REASON}"); 4],
+        "BERTH_SKIP_LOG lists every skip"
+    );
+}
+
+/// The CI scripts' command lines, continuation lines joined, podman-tests.sh's
+/// `run_tests BINARY FLAGS NAME...` written as the `cargo test` it runs.
+fn ci_command_lines(root: &Path) -> Vec<String> {
+    ["scripts/test.sh", "scripts/podman-tests.sh", ".ci/run"]
+        .iter()
+        .flat_map(|p| {
+            let text = std::fs::read_to_string(root.join(p)).unwrap();
+            text.replace("\\\n", " ")
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.starts_with('#'))
+                .map(|l| {
+                    let words: Vec<&str> = l.split_whitespace().collect();
+                    match words.iter().position(|w| *w == "run_tests") {
+                        Some(i) if words.len() > i + 2 => format!(
+                            "cargo test --test {} -- {} {}",
+                            words[i + 1],
+                            words[i + 2].trim_matches('"'),
+                            words[i + 3..].join(" ")
+                        ),
+                        _ => l.to_string(),
+                    }
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect()
+}
+
+/// Every `#[ignore]`d test: (test file stem, test name, the ignore line).
+fn ignored_tests(root: &Path) -> Vec<(String, String, String)> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(root.join("tests")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "rs") {
+            continue;
+        }
+        let stem = path.file_stem().unwrap().to_string_lossy().to_string();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        for (i, line) in lines.iter().enumerate() {
+            if !line.trim_start().starts_with("#[ignore") {
+                continue;
+            }
+            let name = lines[i..]
+                .iter()
+                .find_map(|l| {
+                    let l = l.trim_start();
+                    let rest = l
+                        .strip_prefix("async fn ")
+                        .or_else(|| l.strip_prefix("fn "))?;
+                    Some(rest.split('(').next().unwrap().to_string())
+                })
+                .unwrap_or_else(|| panic!("{stem}.rs:{}: no test after #[ignore]", i + 1));
+            found.push((stem.clone(), name, line.trim().to_string()));
+        }
+    }
+    found
+}
+
+#[test]
+fn every_ignored_test_is_run_by_a_ci_script() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let commands = ci_command_lines(root);
+    let ignored = ignored_tests(root);
+    assert!(!ignored.is_empty(), "the scan finds the ignored tests");
+    let mut missing = Vec::new();
+    for (stem, name, attr) in &ignored {
+        assert!(
+            attr.starts_with("#[ignore = \""),
+            "{stem}.rs {name}: an ignored test says why and which CI job runs it: {attr}"
+        );
+        let runs = |l: &&String| {
+            let words: Vec<&str> = l.split_whitespace().collect();
+            words.windows(2).any(|w| w == ["--test", stem.as_str()])
+                && (words.contains(&"--ignored") || words.contains(&"--include-ignored"))
+                && !words.contains(&"--skip")
+                && {
+                    // No name filter, or one that this test's name contains.
+                    let filters: Vec<&&str> = words
+                        .iter()
+                        .skip_while(|w| **w != "--")
+                        .skip(1)
+                        .take_while(|w| !w.contains(['|', '>', ';', '&']))
+                        .filter(|w| !w.starts_with('-'))
+                        .collect();
+                    filters.is_empty() || filters.iter().any(|f| name.contains(**f))
+                }
+        };
+        if !commands.iter().any(|l| runs(&l)) {
+            missing.push(format!("{stem}.rs {name} ({attr})"));
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "ignored tests no CI script runs with --ignored (scripts/test.sh, \
+         scripts/podman-tests.sh, .ci/run):\n{}",
+        missing.join("\n")
+    );
+}
