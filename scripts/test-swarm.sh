@@ -21,7 +21,7 @@
 #
 # The ready line: nodes=N manager_addr=A manager_node=ID [worker_addr=A worker_node=ID
 # worker_host=unix://… worker_netns=NAME registry=HOST:PORT registry_user=U registry_password=P
-# registry_ca=FILE docker_config=DIR] made=0|1 dir=DIR.
+# registry_ca=FILE registry_log=FILE docker_config=DIR] made=0|1 dir=DIR.
 #
 # The Swarm is engine-global and shared by everyone on the machine: `hold` takes
 # /tmp/berth-locks/swarm.lock for the Swarm's whole life (unless BERTH_SWARM_LOCK_HELD=1 says
@@ -204,10 +204,14 @@ start_registry() {
     -extfile "$r/ext" -out "$r/tls.crt" 2>/dev/null
   REGISTRY_PASSWORD=$(openssl rand -hex 12)
   htpasswd -Bbn "$REGISTRY_USER" "$REGISTRY_PASSWORD" >"$r/htpasswd" 2>/dev/null
+  # Level info: each request's line names the client's address and user (what the tests check
+  # the worker's pull by).
   cat >"$r/config.yml" <<EOF
 version: 0.1
 log:
-  level: warn
+  level: info
+  accesslog:
+    disabled: true
 storage:
   filesystem:
     rootdirectory: $r/data
@@ -254,7 +258,8 @@ make_two() {
   READY+=" worker_addr=$WORKER_ADDR worker_node=$(worker_docker info --format '{{.Swarm.NodeID}}')"
   READY+=" worker_host=unix://$RUN/worker/docker.sock worker_netns=$NETNS worker_hostname=$WORKER_HOSTNAME"
   READY+=" registry=$REGISTRY registry_user=$REGISTRY_USER registry_password=$REGISTRY_PASSWORD"
-  READY+=" registry_ca=$RUN/registry/ca.crt docker_config=$RUN/docker-config"
+  READY+=" registry_ca=$RUN/registry/ca.crt registry_log=$RUN/registry/registry.log"
+  READY+=" docker_config=$RUN/docker-config"
 }
 
 hold() {

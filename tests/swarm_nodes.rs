@@ -238,15 +238,25 @@ fn the_worker_pulls_the_agent_image_with_the_forwarded_credentials() {
         "{image} not among the worker's images:\n{pulled}"
     );
     assert_eq!(get(guard.nodes.worker_addr(), port), Some(200));
-    // Without the credentials the service carried, the worker cannot pull it: the registry
-    // asks for them.
-    let anonymous = guard.nodes.worker_docker(&["pull", &image]);
+    // The worker fetched the manifest with credentials (the registry authorized the request
+    // from its address)...
+    let manifest =
+        format!("http.request.uri=\"/v2/berth-test/berth-agent/envoy/manifests/{digest}\"");
+    let log = guard.nodes.registry_log();
+    assert!(
+        log.lines().any(|l| l.contains("msg=\"authorized request\"")
+            && l.contains(&format!(
+                "http.request.remoteaddr=\"{}:",
+                guard.nodes.worker_addr()
+            ))
+            && l.contains(&manifest)),
+        "no authorized request for {manifest} from the worker in the registry's log:\n{log}"
+    );
+    // ... which it has from the service only: on its own it cannot pull from the registry.
+    let anonymous = guard.nodes.worker_docker(&["pull", tagged]);
     assert!(!anonymous.status.success(), "an anonymous pull must fail");
     let err = stderr(&anonymous);
-    assert!(
-        err.contains("no basic auth credentials") || err.contains("unauthorized"),
-        "{err}"
-    );
+    assert!(err.contains("no basic auth credentials"), "{err}");
     let rows = case.status();
     assert!(
         rows.iter()

@@ -185,6 +185,12 @@ impl Nodes {
         PathBuf::from(self.fact("registry_ca"))
     }
 
+    /// The registry's log: one "authorized request" line per request that carried valid
+    /// credentials, with the client's address.
+    pub fn registry_log(&self) -> String {
+        std::fs::read_to_string(self.fact("registry_log")).unwrap_or_default()
+    }
+
     /// A DOCKER_CONFIG logged in to [`Nodes::registry`] (berth's credentials for it).
     pub fn docker_config(&self) -> PathBuf {
         PathBuf::from(self.fact("docker_config"))
