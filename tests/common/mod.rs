@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod config;
 pub mod eg;
 pub mod fleet;
 pub mod host;
