@@ -21,19 +21,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::serve::*;
-use common::{free_port, short_tempdir, skip, TEST_IMAGE};
+use common::{describe, free_port, short_tempdir, skip, TEST_IMAGE};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/podman-service.sh")
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Why Podman tests cannot run here, if they cannot.

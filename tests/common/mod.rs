@@ -128,6 +128,16 @@ impl Drop for Cleanup {
     }
 }
 
+/// A process's exit status, stdout and stderr, for an assertion message.
+pub fn describe(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
 /// A short temporary directory under /tmp (socket paths are limited to 108 bytes).
 pub fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
