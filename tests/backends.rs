@@ -262,18 +262,17 @@ async fn https_to_tls_backends_verified_with_client_certificates_rotated_live() 
             mtls_tls,
         ]
     };
+    let write_up = |api_ca: &str, api_sni: &str, client: bool, mtls_port: u16| {
+        fleet.write_toml(&tls_config(
+            fleet.port,
+            backends(api_ca, api_sni, client, mtls_port),
+        ));
+        fleet.up_ok()
+    };
     let ok = |body: &str| (200, body.to_string());
 
     // No client certificate: the mTLS backend refuses the handshake.
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/trusted.pem", "api.internal", false, mtls),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", false, mtls).await;
     let ids = fleet.ids().await;
     assert_eq!(get(fleet.port, "/"), ok("api client=none\n"));
     let (status, _) = get(fleet.port, "/mtls");
@@ -283,69 +282,29 @@ async fn https_to_tls_backends_verified_with_client_certificates_rotated_live() 
     );
 
     // With one: served, and the backend saw berth's client certificate.
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/trusted.pem", "api.internal", true, mtls),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/mtls"), ok("mtls client=c1\n"));
 
     // A CA that did not sign the backend's certificate: 503, verified, never served.
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/other-ca.pem", "api.internal", true, mtls),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/other-ca.pem", "api.internal", true, mtls).await;
     let (status, body) = get(fleet.port, "/");
     assert_eq!(status, 503, "{body}");
     assert!(!body.contains("api client"), "{body}");
 
     // The SNI name must be among the certificate's names: a right CA, a wrong name, 503.
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/trusted.pem", "other.internal", true, mtls),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "other.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/").0, 503, "SAN mismatch");
 
     // Live rotation: the mTLS backend now trusts only a new CA's clients and presents a
     // certificate of it; renewing trusted.pem and the client pair on disk (by rename, as
     // certbot does) and `berth up` switches every replica, in place.
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/trusted.pem", "api.internal", true, mtls),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/"), ok("api client=none\n"));
     let renewed = pki.ca("renewed-ca");
     let (rcert, rkey) = pki.leaf(&renewed, "mtls2", &["mtls.internal"], 0xb2);
     let (mtls2, _mtls2) =
         https_backend("mtls2", &rcert, &rkey, Some(&pki.path("renewed-ca.pem"))).await;
-    std::fs::write(
-        fleet.config(),
-        tls_config(
-            fleet.port,
-            backends("pki/trusted.pem", "api.internal", true, mtls2),
-        ),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls2).await;
     assert_eq!(
         get(fleet.port, "/mtls").0,
         503,

@@ -14,7 +14,7 @@ use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 
 #[allow(unused_imports)]
 pub use super::load::assert_no_failures;
-use super::load::Load;
+use super::load::{Load, LoadReport};
 use super::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};
 
 pub const OLD: &str = "berth-test/envoy:1.39.3";
@@ -88,6 +88,11 @@ impl Fleet {
 
     pub fn state(&self) -> PathBuf {
         self.dir.path().join("s")
+    }
+
+    /// Writes `toml` as this fleet's config file.
+    pub fn write_toml(&self, toml: &str) {
+        std::fs::write(self.config(), toml).unwrap();
     }
 
     pub fn write(&self, s: &Settings) {
@@ -204,6 +209,43 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
 
     pub fn load(&self) -> Load {
         Load::start(self.port, "/", CONNECTIONS, Duration::from_secs(300))
+    }
+
+    /// A fleet up on `s` (`berth up` succeeded); it and the (slot, container ID) of its
+    /// replicas.
+    pub async fn up_on(name: &str, s: &Settings) -> (Fleet, Vec<(Option<u32>, String)>) {
+        let fleet = Fleet::new(name).await;
+        fleet.write(s);
+        fleet.up_ok().await;
+        let ids = fleet.ids().await;
+        (fleet, ids)
+    }
+
+    /// Runs `work` under [`Fleet::load`], with [`settle`] before and after it; what `work`
+    /// returned and what the load saw.
+    pub async fn under_load<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> (T, LoadReport) {
+        let load = self.load();
+        settle().await;
+        let done = work.await;
+        settle().await;
+        (done, load.stop().await)
+    }
+
+    /// Writes `s` and runs `berth up` under load; its output and what the load saw.
+    pub async fn up_under_load(&self, s: &Settings) -> (Output, LoadReport) {
+        self.under_load(async {
+            self.write(s);
+            self.up().await
+        })
+        .await
+    }
+
+    /// The names of this fleet's replicas.
+    pub async fn names(&self) -> Vec<String> {
+        self.replicas().await.into_iter().map(|c| c.name).collect()
     }
 
     /// Every replica runs, one per slot `0..n`, and all report `version` in /server_info.
