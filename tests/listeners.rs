@@ -23,26 +23,9 @@ use common::tls::{pair, pair_for, replace, served_serials_for};
 /// The drain window of the WebSocket test's replicas.
 const DRAIN: Duration = Duration::from_secs(4);
 
-/// `berth -f … --state-dir … ARGS` of `fleet`, with the test's container labels.
-fn berth(fleet: &Fleet) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
-    c.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(fleet.config())
-        .arg("--state-dir")
-        .arg(fleet.state())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!(
-            "{}={}",
-            common::LABEL_TEST_CASE,
-            fleet.cleanup.case
-        ));
-    c
-}
-
 async fn run(fleet: &Fleet, args: &[&str]) -> Output {
-    let out = berth(fleet)
+    let out = fleet
+        .berth(&[])
         .args(args)
         .output()
         .await
@@ -208,7 +191,8 @@ async fn websocket_through_a_loopback_listener_with_json_access_logs_survives_a_
     // starts and through the whole drain window; berth then removes the old replica.
     let before = fleet.ids().await;
     std::fs::write(fleet.config(), ws_config(&fleet, NEW, echo_port, v6_port)).unwrap();
-    let mut up = berth(&fleet)
+    let mut up = fleet
+        .berth(&[])
         .args(["--output", "json", "up"])
         .stdout(std::process::Stdio::piped())
         .spawn()

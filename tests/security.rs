@@ -18,15 +18,7 @@ use common::{free_port, short_tempdir, Cleanup};
 use serde_json::Value;
 
 fn berth(config: &Path, state: &Path, cleanup: &Cleanup, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(config)
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!("{}={}", common::LABEL_TEST_CASE, cleanup.case))
+    common::berth_on(config, state, &cleanup.case)
         .args(args)
         .output()
         .expect("running berth")

@@ -29,15 +29,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// `berth <args>` against the case's config and state directory, with its test labels.
 fn berth(case: &Case, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(&case.config)
-        .arg("--state-dir")
-        .arg(case.state_dir.path())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!("io.berth.test.case={}", case.cleanup.case))
+    common::berth_on(&case.config, case.state_dir.path(), &case.cleanup.case)
         .args(args)
         .output()
         .expect("running berth")

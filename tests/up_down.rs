@@ -46,17 +46,8 @@ impl Fleet {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
-        cmd.env_remove("BERTH_CONFIG")
-            .env_remove("BERTH_STATE_DIR")
-            .arg("-f")
-            .arg(self.cfg())
-            .arg("--state-dir")
-            .arg(self.state())
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("io.berth.test.case={}", self.cleanup.case));
+        let mut cmd = common::berth_on(&self.cfg(), &self.state(), &self.cleanup.case);
+        cmd.env_remove("BERTH_CONFIG").env_remove("BERTH_STATE_DIR");
         cmd
     }
 

@@ -15,7 +15,7 @@ use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 #[allow(unused_imports)]
 pub use super::load::assert_no_failures;
 use super::load::{Load, LoadReport};
-use super::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};
+use super::{free_port, short_tempdir, Cleanup};
 
 pub const OLD: &str = "berth-test/envoy:1.39.3";
 pub const NEW: &str = "berth-test/envoy:1.40.0";
@@ -136,16 +136,12 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
 
     /// `berth <args>` on this fleet's config and state directory, with the test's labels.
     pub fn berth(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .arg("-f")
-            .arg(self.config())
-            .arg("--state-dir")
-            .arg(self.state())
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("{LABEL_TEST_CASE}={}", self.cleanup.case))
-            .args(args);
+        let mut cmd = tokio::process::Command::from(super::berth_on(
+            &self.config(),
+            &self.state(),
+            &self.cleanup.case,
+        ));
+        cmd.args(args);
         cmd
     }
 
