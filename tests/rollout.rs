@@ -71,9 +71,11 @@ async fn a_bootstrap_envoy_rejects_changes_no_container() {
 
     // A field Envoy's schema knows (a merge drops unknown fields, as EG's does) with a value
     // only Envoy itself can refuse: a stats tag whose regex does not compile.
-    s.proxy_extra = "[proxy.bootstrap]\ntype = \"merge\"\nvalue = \"\"\"\nstats_config:\n  \
-                     stats_tags:\n  - tag_name: berth_bad_tag\n    regex: \"((\"\n\"\"\"\n"
-        .to_string();
+    s.set("bootstrap.type", "merge");
+    s.set(
+        "bootstrap.value",
+        "stats_config:\n  stats_tags:\n  - tag_name: berth_bad_tag\n    regex: \"((\"\n",
+    );
     let (out, report) = fleet.up_under_load(&s).await;
 
     assert_eq!(out.status.code(), Some(1));

@@ -166,6 +166,14 @@ impl Route {
         )
     }
 
+    /// `path_prefix = prefix`, `direct_response = { status }` (no body).
+    pub fn status(prefix: &str, status: u16) -> Route {
+        Route(Table::new()).set("path_prefix", prefix).set(
+            "direct_response",
+            table([("status", i64::from(status).into())]),
+        )
+    }
+
     /// `path_prefix = prefix`, `backend = backend`.
     pub fn backend(prefix: &str, backend: &str) -> Route {
         Route(Table::new())

@@ -12,6 +12,7 @@ use berth::engine::{ContainerEngine, DockerEngine};
 use berth::layout;
 use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 
+use super::config as cfg;
 #[allow(unused_imports)]
 pub use super::load::assert_no_failures;
 use super::load::{Load, LoadReport};
@@ -53,8 +54,8 @@ pub struct Fleet {
 pub struct Settings {
     pub image: &'static str,
     pub replicas: u32,
-    /// Extra TOML appended to the `[[proxy]]` table (before its sub-tables).
-    pub proxy_extra: String,
+    /// More fields of the `[[proxy]]` table, by dotted path (`"bootstrap.type"`).
+    pub extra: Vec<(String, toml::Value)>,
     pub on_failure: &'static str,
     pub min_ready: &'static str,
 }
@@ -64,10 +65,15 @@ impl Settings {
         Settings {
             image,
             replicas,
-            proxy_extra: String::new(),
+            extra: Vec::new(),
             on_failure: "rollback",
             min_ready: "1s",
         }
+    }
+
+    /// Sets one more field of the proxy, by its dotted path.
+    pub fn set(&mut self, path: &str, value: impl Into<toml::Value>) {
+        self.extra.push((path.to_string(), value.into()));
     }
 }
 
@@ -95,43 +101,28 @@ impl Fleet {
         std::fs::write(self.config(), toml).unwrap();
     }
 
+    /// Writes the config of `s`: proxy [`PROXY`] on this fleet's port, answering
+    /// "hello from berth".
     pub fn write(&self, s: &Settings) {
-        let toml = format!(
-            r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{image}"
-replicas = {replicas}
-concurrency = 1
-{extra}
-[proxy.resources]
-memory = "256Mi"
-
-[proxy.shutdown]
-drain_timeout = "10s"
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "{min_ready}"
-on_failure = "{on_failure}"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello from berth\n" }}
-"#,
-            image = s.image,
-            replicas = s.replicas,
-            extra = s.proxy_extra,
-            min_ready = s.min_ready,
-            on_failure = s.on_failure,
-            port = self.port,
-        );
-        std::fs::write(self.config(), toml).unwrap();
+        let proxy = cfg::Proxy::new(PROXY, s.image, s.replicas)
+            .set("concurrency", 1)
+            .set("resources.memory", "256Mi")
+            .set("shutdown.drain_timeout", "10s")
+            .set("rollout.startup_deadline", "20s")
+            .set("rollout.min_ready", s.min_ready)
+            .set("rollout.on_failure", s.on_failure)
+            .listener(
+                cfg::Listener::http("web", self.port).route(cfg::Route::direct(
+                    "/",
+                    200,
+                    "hello from berth\n",
+                )),
+            );
+        let proxy = s
+            .extra
+            .iter()
+            .fold(proxy, |p, (path, value)| p.set(path, value.clone()));
+        self.write_toml(&proxy.to_toml());
     }
 
     /// `berth <args>` on this fleet's config and state directory, with the test's labels.
