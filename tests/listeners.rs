@@ -30,12 +30,7 @@ async fn run(fleet: &Fleet, args: &[&str]) -> Output {
         .output()
         .await
         .expect("running berth");
-    eprintln!(
-        "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::show(&format!("berth {args:?}"), &out);
     out
 }
 

@@ -40,12 +40,7 @@ async fn berth(fleet: &Fleet, env: &[(&str, &Path)], args: &[&str]) -> Output {
         .output()
         .await
         .unwrap();
-    eprintln!(
-        "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::show(&format!("berth {args:?}"), &out);
     out
 }
 

@@ -132,12 +132,7 @@ impl Gateway {
         .output()
         .await
         .expect("running berth");
-        eprintln!(
-            "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        common::show(&format!("berth {args:?}"), &out);
         out
     }
 

@@ -149,12 +149,7 @@ impl Fleet {
             .output()
             .await
             .expect("running berth");
-        eprintln!(
-            "berth up: {}\n--- stdout\n{}--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        super::show("berth up", &out);
         out
     }
 

@@ -152,6 +152,17 @@ pub fn berth_on(config: &Path, state: &Path, case: &str) -> Command {
     cmd
 }
 
+/// Prints what a command (`what`) did: its exit status, stdout and stderr (captured by the
+/// harness, shown when the test fails).
+pub fn show(what: &str, out: &std::process::Output) {
+    eprintln!(
+        "{what}: {}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// A process's exit status, stdout and stderr, for an assertion message.
 pub fn describe(out: &std::process::Output) -> String {
     format!(
