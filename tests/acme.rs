@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use common::config::{table, Listener, Proxy, Route};
 use common::fleet::{stderr, Fleet, PROXY};
 use common::load::{assert_no_failures, Load};
 use common::serve::Serve;
@@ -130,42 +131,22 @@ impl Drop for Pebble {
 }
 
 fn config(http: u16, https: u16, pebble: &Pebble, domains: &[&str]) -> String {
-    let domains: Vec<String> = domains.iter().map(|d| format!("{d:?}")).collect();
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{TEST_IMAGE}"
-replicas = 2
-concurrency = 1
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "web"
-port = {http}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "plain\n" }}
-
-[[proxy.listener]]
-name = "https"
-port = {https}
-protocol = "https"
-tls = {{ acme = {{ domains = [{domains}], email = "ops@berth.test", directory = "{dir}", ca_file = "{ca}" }} }}
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello over TLS\n" }}
-"#,
-        domains = domains.join(", "),
-        dir = pebble.directory(),
-        ca = pebble.ca().display(),
-    )
+    let acme = table([
+        ("domains", domains.to_vec().into()),
+        ("email", "ops@berth.test".into()),
+        ("directory", pebble.directory().into()),
+        ("ca_file", pebble.ca().display().to_string().into()),
+    ]);
+    Proxy::test(PROXY, TEST_IMAGE, 2)
+        .listener(Listener::http("web", http).route(Route::direct("/", 200, "plain\n")))
+        .listener(
+            Listener::https("https", https, table([("acme", acme)])).route(Route::direct(
+                "/",
+                200,
+                "hello over TLS\n",
+            )),
+        )
+        .to_toml()
 }
 
 fn status(fleet: &Fleet) -> serde_json::Value {

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use common::config as cfg;
 use common::fleet::{ensure_images, stderr, Fleet, NEW, OLD, PROXY};
 use common::serve::http_get;
 use common::tls::replace;
@@ -23,36 +24,11 @@ use common::upstream::{echo, echo_client, grpc_echo, https_backend, Pki};
 use tokio::io::AsyncBufReadExt;
 
 fn grpc_config(image: &str, port: u16, backend: u16, drain: &str) -> String {
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{image}"
-replicas = 1
-concurrency = 1
-
-[proxy.shutdown]
-drain_timeout = "{drain}"
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "grpc"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-backend = "echo"
-
-[[proxy.backend]]
-name = "echo"
-endpoints = ["127.0.0.1:{backend}"]
-protocol = "h2"
-"#
-    )
+    cfg::Proxy::test(PROXY, image, 1)
+        .set("shutdown.drain_timeout", drain)
+        .listener(cfg::Listener::http("grpc", port).route(cfg::Route::backend("/", "echo")))
+        .backend(cfg::Backend::local("echo", backend).set("protocol", "h2"))
+        .to_toml()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -215,33 +191,16 @@ async fn a_grpc_stream_open_during_a_rollout_lasts_the_drain_window() {
     assert_eq!(reply.text, "new (via envoy: true)");
 }
 
-fn tls_config(port: u16, backends: &str) -> String {
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{NEW}"
-replicas = 2
-concurrency = 1
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/mtls"
-backend = "mtls"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-backend = "api"
-{backends}"#
-    )
+fn tls_config(port: u16, backends: Vec<cfg::Backend>) -> String {
+    let web = cfg::Listener::http("web", port)
+        .route(cfg::Route::backend("/mtls", "mtls"))
+        .route(cfg::Route::backend("/", "api"));
+    backends
+        .into_iter()
+        .fold(cfg::Proxy::test(PROXY, NEW, 2).listener(web), |p, b| {
+            p.backend(b)
+        })
+        .to_toml()
 }
 
 fn get(port: u16, path: &str) -> (u16, String) {
@@ -285,35 +244,35 @@ async fn https_to_tls_backends_verified_with_client_certificates_rotated_live() 
     pki.leaf(&ca, "client", &["berth-client"], 0xc1);
     let trust = pki.path("trusted.pem");
     std::fs::copy(pki.path("ca.pem"), &trust).unwrap();
-    let backends = |api_ca: &str, client: bool| {
-        let client = if client {
-            r#", cert_file = "pki/client.pem", key_file = "pki/client-key.pem""#
-        } else {
-            ""
-        };
-        format!(
-            r#"
-[[proxy.backend]]
-name = "api"
-endpoints = ["127.0.0.1:{api}"]
-tls = {{ ca_file = "{api_ca}", sni = "api.internal" }}
-
-[[proxy.backend]]
-name = "mtls"
-endpoints = ["127.0.0.1:{mtls}"]
-tls = {{ ca_file = "pki/trusted.pem", sni = "mtls.internal"{client} }}
-"#
-        )
+    // The api backend verified with `api_ca` and SNI `api_sni`; the mTLS one on `mtls_port`,
+    // with berth's client certificate when `client`.
+    let backends = |api_ca: &str, api_sni: &str, client: bool, mtls_port: u16| {
+        let mut mtls_tls = cfg::Backend::local("mtls", mtls_port)
+            .set("tls.ca_file", "pki/trusted.pem")
+            .set("tls.sni", "mtls.internal");
+        if client {
+            mtls_tls = mtls_tls
+                .set("tls.cert_file", "pki/client.pem")
+                .set("tls.key_file", "pki/client-key.pem");
+        }
+        vec![
+            cfg::Backend::local("api", api)
+                .set("tls.ca_file", api_ca)
+                .set("tls.sni", api_sni),
+            mtls_tls,
+        ]
+    };
+    let write_up = |api_ca: &str, api_sni: &str, client: bool, mtls_port: u16| {
+        fleet.write_toml(&tls_config(
+            fleet.port,
+            backends(api_ca, api_sni, client, mtls_port),
+        ));
+        fleet.up_ok()
     };
     let ok = |body: &str| (200, body.to_string());
 
     // No client certificate: the mTLS backend refuses the handshake.
-    std::fs::write(
-        fleet.config(),
-        tls_config(fleet.port, &backends("pki/trusted.pem", false)),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", false, mtls).await;
     let ids = fleet.ids().await;
     assert_eq!(get(fleet.port, "/"), ok("api client=none\n"));
     let (status, _) = get(fleet.port, "/mtls");
@@ -323,52 +282,29 @@ tls = {{ ca_file = "pki/trusted.pem", sni = "mtls.internal"{client} }}
     );
 
     // With one: served, and the backend saw berth's client certificate.
-    std::fs::write(
-        fleet.config(),
-        tls_config(fleet.port, &backends("pki/trusted.pem", true)),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/mtls"), ok("mtls client=c1\n"));
 
     // A CA that did not sign the backend's certificate: 503, verified, never served.
-    std::fs::write(
-        fleet.config(),
-        tls_config(fleet.port, &backends("pki/other-ca.pem", true)),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/other-ca.pem", "api.internal", true, mtls).await;
     let (status, body) = get(fleet.port, "/");
     assert_eq!(status, 503, "{body}");
     assert!(!body.contains("api client"), "{body}");
 
     // The SNI name must be among the certificate's names: a right CA, a wrong name, 503.
-    std::fs::write(
-        fleet.config(),
-        tls_config(fleet.port, &backends("pki/trusted.pem", true))
-            .replace("sni = \"api.internal\"", "sni = \"other.internal\""),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "other.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/").0, 503, "SAN mismatch");
 
     // Live rotation: the mTLS backend now trusts only a new CA's clients and presents a
     // certificate of it; renewing trusted.pem and the client pair on disk (by rename, as
     // certbot does) and `berth up` switches every replica, in place.
-    std::fs::write(
-        fleet.config(),
-        tls_config(fleet.port, &backends("pki/trusted.pem", true)),
-    )
-    .unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls).await;
     assert_eq!(get(fleet.port, "/"), ok("api client=none\n"));
     let renewed = pki.ca("renewed-ca");
     let (rcert, rkey) = pki.leaf(&renewed, "mtls2", &["mtls.internal"], 0xb2);
     let (mtls2, _mtls2) =
         https_backend("mtls2", &rcert, &rkey, Some(&pki.path("renewed-ca.pem"))).await;
-    let moved = backends("pki/trusted.pem", true).replace(&mtls.to_string(), &mtls2.to_string());
-    std::fs::write(fleet.config(), tls_config(fleet.port, &moved)).unwrap();
-    fleet.up_ok().await;
+    write_up("pki/trusted.pem", "api.internal", true, mtls2).await;
     assert_eq!(
         get(fleet.port, "/mtls").0,
         503,

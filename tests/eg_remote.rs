@@ -27,12 +27,6 @@ fn certs() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/certs")
 }
 
-fn berth() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
-    cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
-    cmd
-}
-
 /// `berth serve` with the remote provider on `<dir>/r.sock`; killed on drop.
 struct Serve {
     child: Child,
@@ -67,14 +61,7 @@ remote = "unix://{sock}"
         .unwrap();
         let log = dir.join("serve.log");
         let status_port = free_port();
-        let child = berth()
-            .arg("-f")
-            .arg(&config)
-            .arg("--state-dir")
-            .arg(dir.join("s"))
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("io.berth.test.case={}", cleanup.case))
+        let child = common::berth_on(&config, &dir.join("s"), &cleanup.case)
             .arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{status_port}"))
@@ -320,9 +307,7 @@ async fn remote_provider_drives_serve_end_to_end() {
     // A first install is gated only on a started Envoy, so this may take a moment after the
     // call returned.
     let status = || {
-        let out = berth()
-            .arg("--state-dir")
-            .arg(&state)
+        let out = common::berth_command(Some(&state), None)
             .args(["-o", "json", "status"])
             .current_dir(dir.path())
             .output()
@@ -454,13 +439,8 @@ fn up_ir_brings_a_proxy_up_and_down_removes_it() {
     std::fs::write(&ir_path, serde_yaml::to_string(&ir).unwrap()).unwrap();
     let c = certs();
     let run = |args: &[&str], ir: &Path| {
-        berth()
+        common::berth_command(Some(&state), Some(&cleanup.case))
             .current_dir(dir.path())
-            .arg("--state-dir")
-            .arg(&state)
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("io.berth.test.case={}", cleanup.case))
             .arg("--ir")
             .arg(ir)
             .args(["--xds-address", "127.0.0.1", "--xds-port"])
@@ -524,7 +504,7 @@ fn envoy_accepts_xds_mode_bootstraps() {
     let dir = short_tempdir();
     let c = certs();
     let validate = |args: &[&std::ffi::OsStr]| {
-        let out = berth()
+        let out = common::berth_command(None, None)
             .current_dir(dir.path())
             .args(["--container-label", "io.berth.test=1", "-q"])
             .args(args)

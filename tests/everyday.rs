@@ -132,7 +132,7 @@ async fn logs_interleave_replicas_and_follow_a_rollout() {
     let _serial = SERIAL.lock().await;
     let fleet = Fleet::new("logs").await;
     let mut s = Settings::new(OLD, 2);
-    s.proxy_extra = "log_level = \"info\"\n".into();
+    s.set("log_level", "info");
     s.min_ready = "0s";
     fleet.write(&s);
     fleet.up_ok().await;

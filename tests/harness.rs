@@ -182,3 +182,73 @@ fn every_ignored_test_is_run_by_a_ci_script() {
         missing.join("\n")
     );
 }
+
+/// The config builder (tests/common/config.rs) writes what a typed-out fixture says.
+#[test]
+fn the_config_builder_writes_what_a_fixture_types_out() {
+    use common::config::{tls_files, Backend, Listener, Proxy, Route, VirtualHost};
+    let built = Proxy::test("roll", "img:1", 2)
+        .set("shutdown.drain_timeout", "4s")
+        .listener(
+            Listener::https("https", 8443, tls_files("cert.pem", "key.pem"))
+                .virtual_host(
+                    VirtualHost::new("app", &["app.localhost"])
+                        .set("tls", tls_files("app.pem", "app-key.pem"))
+                        .route(Route::direct("/", 200, "app\n")),
+                )
+                .route(Route::backend("/api", "api")),
+        )
+        .listener(Listener::new("web", 8080).route(Route::direct("/", 204, "")))
+        .backend(Backend::local("api", 9000).set("protocol", "h2"))
+        .to_toml();
+    let typed = r#"
+[[proxy]]
+name = "roll"
+image = "img:1"
+replicas = 2
+concurrency = 1
+
+[proxy.shutdown]
+drain_timeout = "4s"
+
+[proxy.rollout]
+startup_deadline = "20s"
+min_ready = "1s"
+
+[[proxy.listener]]
+name = "https"
+port = 8443
+protocol = "https"
+tls = { cert_file = "cert.pem", key_file = "key.pem" }
+
+[[proxy.listener.virtual_host]]
+name = "app"
+domains = ["app.localhost"]
+tls = { cert_file = "app.pem", key_file = "app-key.pem" }
+
+[[proxy.listener.virtual_host.route]]
+path_prefix = "/"
+direct_response = { status = 200, body = "app\n" }
+
+[[proxy.listener.route]]
+path_prefix = "/api"
+backend = "api"
+
+[[proxy.listener]]
+name = "web"
+port = 8080
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = { status = 204, body = "" }
+
+[[proxy.backend]]
+name = "api"
+endpoints = ["127.0.0.1:9000"]
+protocol = "h2"
+"#;
+    assert!(
+        common::config::same_toml(&built, typed),
+        "built:\n{built}\ntyped:\n{typed}"
+    );
+}

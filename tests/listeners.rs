@@ -15,6 +15,7 @@ use futures_util::{SinkExt, StreamExt};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio_tungstenite::tungstenite::Message;
 
+use common::config as cfg;
 use common::fleet::{assert_no_failures, Fleet, NEW, OLD, PROXY};
 use common::load::Load;
 use common::tls::{pair, pair_for, replace, served_serials_for};
@@ -22,36 +23,14 @@ use common::tls::{pair, pair_for, replace, served_serials_for};
 /// The drain window of the WebSocket test's replicas.
 const DRAIN: Duration = Duration::from_secs(4);
 
-/// `berth -f … --state-dir … ARGS` of `fleet`, with the test's container labels.
-fn berth(fleet: &Fleet) -> tokio::process::Command {
-    let mut c = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
-    c.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(fleet.config())
-        .arg("--state-dir")
-        .arg(fleet.state())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!(
-            "{}={}",
-            common::LABEL_TEST_CASE,
-            fleet.cleanup.case
-        ));
-    c
-}
-
 async fn run(fleet: &Fleet, args: &[&str]) -> Output {
-    let out = berth(fleet)
+    let out = fleet
+        .berth(&[])
         .args(args)
         .output()
         .await
         .expect("running berth");
-    eprintln!(
-        "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::show(&format!("berth {args:?}"), &out);
     out
 }
 
@@ -97,57 +76,26 @@ fn ss_listening(port: u16) -> Vec<String> {
 }
 
 fn ws_config(fleet: &Fleet, image: &str, echo: u16, v6_port: Option<u16>) -> String {
+    let web = cfg::Listener::new("web", fleet.port)
+        .set("address", "127.0.0.1")
+        .set("websocket", true)
+        .set("access_log", "json")
+        .route(cfg::Route::direct("/plain", 200, "plain\n"))
+        .route(cfg::Route::backend("/", "echo"));
+    let mut proxy = cfg::Proxy::test(PROXY, image, 1)
+        .set("shutdown.drain_timeout", format!("{}s", DRAIN.as_secs()))
+        .listener(web);
     // A TCP listener on [::1] to the same echo server: the WebSocket passes through it too.
-    let v6 = v6_port.map_or(String::new(), |p| {
-        format!(
-            r#"
-[[proxy.listener]]
-name = "v6"
-port = {p}
-protocol = "tcp"
-address = "::1"
-access_log = "off"
-backend = "echo"
-"#
-        )
-    });
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{image}"
-replicas = 1
-concurrency = 1
-
-[proxy.shutdown]
-drain_timeout = "{drain}s"
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-address = "127.0.0.1"
-websocket = true
-access_log = "json"
-
-[[proxy.listener.route]]
-path_prefix = "/plain"
-direct_response = {{ status = 200, body = "plain\n" }}
-
-[[proxy.listener.route]]
-path_prefix = "/"
-backend = "echo"
-{v6}
-[[proxy.backend]]
-name = "echo"
-endpoints = ["127.0.0.1:{echo}"]
-"#,
-        drain = DRAIN.as_secs(),
-        port = fleet.port,
-    )
+    if let Some(p) = v6_port {
+        proxy = proxy.listener(
+            cfg::Listener::new("v6", p)
+                .set("protocol", "tcp")
+                .set("address", "::1")
+                .set("access_log", "off")
+                .set("backend", "echo"),
+        );
+    }
+    proxy.backend(cfg::Backend::local("echo", echo)).to_toml()
 }
 
 type Ws =
@@ -238,7 +186,8 @@ async fn websocket_through_a_loopback_listener_with_json_access_logs_survives_a_
     // starts and through the whole drain window; berth then removes the old replica.
     let before = fleet.ids().await;
     std::fs::write(fleet.config(), ws_config(&fleet, NEW, echo_port, v6_port)).unwrap();
-    let mut up = berth(&fleet)
+    let mut up = fleet
+        .berth(&[])
         .args(["--output", "json", "up"])
         .stdout(std::process::Stdio::piped())
         .spawn()
@@ -302,43 +251,16 @@ async fn websocket_through_a_loopback_listener_with_json_access_logs_survives_a_
 }
 
 fn sni_config(fleet: &Fleet) -> String {
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{NEW}"
-replicas = 2
-concurrency = 1
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "https"
-port = {port}
-protocol = "https"
-tls = {{ cert_file = "cert.pem", key_file = "key.pem" }}
-
-[[proxy.listener.virtual_host]]
-name = "app"
-domains = ["app.localhost"]
-tls = {{ cert_file = "app.pem", key_file = "app-key.pem" }}
-
-[[proxy.listener.virtual_host.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "app\n" }}
-
-[[proxy.listener.virtual_host]]
-name = "other"
-domains = ["*"]
-
-[[proxy.listener.virtual_host.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "other\n" }}
-"#,
-        port = fleet.port,
-    )
+    let https = cfg::Listener::https("https", fleet.port, cfg::tls_files("cert.pem", "key.pem"))
+        .virtual_host(
+            cfg::VirtualHost::new("app", &["app.localhost"])
+                .set("tls", cfg::tls_files("app.pem", "app-key.pem"))
+                .route(cfg::Route::direct("/", 200, "app\n")),
+        )
+        .virtual_host(
+            cfg::VirtualHost::new("other", &["*"]).route(cfg::Route::direct("/", 200, "other\n")),
+        );
+    cfg::Proxy::test(PROXY, NEW, 2).listener(https).to_toml()
 }
 
 fn put(dir: &Path, cert: &str, key: &str, (c, k): &(String, String)) {

@@ -9,6 +9,7 @@ mod common;
 use std::convert::Infallible;
 use std::time::Duration;
 
+use common::config as cfg;
 use common::fleet::{assert_no_failures, ensure_images, Fleet, PROXY};
 use common::load::Load;
 use common::serve::Serve;
@@ -56,39 +57,20 @@ impl Drop for Backend {
 
 /// The config: `/` to `backend` at `port`; with `extra`, also `/x` to backend `c` at `c_port`.
 fn config(listen: u16, backend: &str, port: u16, extra: Option<u16>) -> String {
-    let mut routes = String::new();
-    let mut backends =
-        format!("[[proxy.backend]]\nname = \"{backend}\"\nendpoints = [\"127.0.0.1:{port}\"]\n");
-    if let Some(c) = extra {
-        routes.push_str("[[proxy.listener.route]]\npath_prefix = \"/x\"\nbackend = \"c\"\n");
-        backends.push_str(&format!(
-            "[[proxy.backend]]\nname = \"c\"\nendpoints = [\"127.0.0.1:{c}\"]\n"
-        ));
+    let mut web = cfg::Listener::new("web", listen);
+    if extra.is_some() {
+        web = web.route(cfg::Route::backend("/x", "c"));
     }
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{TEST_IMAGE}"
-replicas = 2
-concurrency = 1
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "web"
-port = {listen}
-{routes}
-[[proxy.listener.route]]
-path_prefix = "/"
-backend = "{backend}"
-
-{backends}"#
-    )
+    let mut proxy = cfg::Proxy::test(PROXY, TEST_IMAGE, 2)
+        .listener(web.route(cfg::Route::backend("/", backend)))
+        .backend(cfg::Backend::local(backend, port));
+    if let Some(c) = extra {
+        proxy = proxy.backend(cfg::Backend::local("c", c));
+    }
+    proxy.to_toml()
 }
 
+/// The config: `/` to `backend` at `port`; with `extra`, also `/x` to backend `c` at `c_port`.
 /// The changes, in order: rename a → b, add /x → c, remove /x and c, rename b → a.
 fn changes(listen: u16, a: u16, b: u16, c: u16) -> Vec<(&'static str, String)> {
     vec![

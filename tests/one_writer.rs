@@ -22,15 +22,6 @@ fn berth(fleet: &Fleet, args: &[&str]) -> tokio::process::Command {
     cmd
 }
 
-fn show(what: &str, out: &Output) {
-    eprintln!(
-        "{what}: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        stderr(out)
-    );
-}
-
 /// serve on the fleet's config and state directory, config watching off: only what the test
 /// asks for happens.
 fn start_serve(fleet: &Fleet) -> Serve {
@@ -89,7 +80,7 @@ async fn up_during_serve_is_handed_to_serve_and_converges_once_under_load() {
         .output()
         .await
         .unwrap();
-    show("berth up (handed to serve)", &out);
+    common::show("berth up (handed to serve)", &out);
     settle().await;
     let report = load.stop().await;
 
@@ -188,7 +179,7 @@ async fn up_during_serve_is_handed_to_serve_and_converges_once_under_load() {
     .await
     .expect("a second serve neither refused nor ended")
     .unwrap();
-    show("a second serve", &second);
+    common::show("a second serve", &second);
     assert_eq!(second.status.code(), Some(1));
     assert!(stderr(&second).contains(&format!(
         "berth serve (pid {serve_pid}) already manages the state directory"
@@ -220,7 +211,7 @@ async fn failing_up_handed_to_serve_exits_as_a_local_up() {
         .output()
         .await
         .unwrap();
-    show("failing up handed to serve", &through_serve);
+    common::show("failing up handed to serve", &through_serve);
     assert!(stderr(&through_serve).contains("manages the state directory"));
     fleet.assert_serving(1, "1.39.3").await;
 
@@ -231,7 +222,7 @@ async fn failing_up_handed_to_serve_exits_as_a_local_up() {
         .output()
         .await
         .unwrap();
-    show("the same up, locally", &local);
+    common::show("the same up, locally", &local);
     assert!(!stderr(&local).contains("manages the state directory"));
     fleet.assert_serving(1, "1.39.3").await;
 
@@ -287,8 +278,8 @@ async fn two_ups_take_turns_and_read_only_commands_do_not_wait() {
 
     let first = first.wait_with_output().await.unwrap();
     let second = second.wait_with_output().await.unwrap();
-    show("first up", &first);
-    show("second up", &second);
+    common::show("first up", &first);
+    common::show("second up", &second);
     assert!(first.status.success());
     assert!(second.status.success());
     let waited = stderr(&second);

@@ -21,19 +21,10 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::serve::*;
-use common::{free_port, short_tempdir, skip, TEST_IMAGE};
+use common::{describe, free_port, short_tempdir, skip, TEST_IMAGE};
 
 fn script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/podman-service.sh")
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Why Podman tests cannot run here, if they cannot.
@@ -176,16 +167,8 @@ fn an_engine_refusal_names_podman_and_quotes_it() {
         &common::serve::config("refused", TEST_IMAGE, 1, free_port(), "x", "1s"),
     );
     for command in ["validate", "up"] {
-        let out = Command::new(env!("CARGO_BIN_EXE_berth"))
+        let out = common::berth_on(&config, &dir.path().join("s"), &cleanup.case)
             .env("DOCKER_HOST", &podman.docker_host)
-            .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-            .arg("-f")
-            .arg(&config)
-            .arg("--state-dir")
-            .arg(dir.path().join("s"))
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("{}={}", common::LABEL_TEST_CASE, cleanup.case))
             .arg(command)
             .stdin(Stdio::null())
             .output()

@@ -40,12 +40,7 @@ async fn berth(fleet: &Fleet, env: &[(&str, &Path)], args: &[&str]) -> Output {
         .output()
         .await
         .unwrap();
-    eprintln!(
-        "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    common::show(&format!("berth {args:?}"), &out);
     out
 }
 
@@ -79,7 +74,7 @@ async fn images_from_a_private_registry_pull_with_the_clients_credentials_and_a_
     let fleet = Fleet::new("registry").await;
     let image: &'static str = Box::leak(registry.image.clone().into_boxed_str());
     let mut settings = Settings::new(image, 2);
-    settings.proxy_extra = "pull = \"always\"".into();
+    settings.set("pull", "always");
     fleet.write(&settings);
 
     // Wrong credentials: a clear error naming the image and the registry, nothing changed,

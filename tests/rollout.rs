@@ -11,24 +11,44 @@ use berth::layout;
 use common::fleet::*;
 use common::skip;
 
+/// Writes `s` and runs `berth up` under load while slot `slot`'s new container is stopped as
+/// soon as it appears ([`sabotage_slot`]): up's output, the stopped container's name, the load.
+async fn sabotaged_rollout(
+    fleet: &Fleet,
+    s: &Settings,
+    slot: u32,
+) -> (
+    std::process::Output,
+    Option<String>,
+    common::load::LoadReport,
+) {
+    let names = fleet.names().await;
+    let ((out, saboteur), report) = fleet
+        .under_load(async {
+            fleet.write(s);
+            let saboteur = sabotage_slot(fleet, slot, names);
+            (fleet.up().await, saboteur)
+        })
+        .await;
+    (out, saboteur.await.unwrap(), report)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upgrade_three_replicas_under_load_loses_no_request() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("upgrade").await;
     let mut s = Settings::new(OLD, 3);
-    fleet.write(&s);
-    fleet.up_ok().await;
+    let (fleet, _) = Fleet::up_on("upgrade", &s).await;
     fleet.assert_serving(3, "1.39.3").await;
 
-    let load = fleet.load();
-    settle().await;
     s.image = NEW;
-    fleet.write(&s);
-    let started = std::time::Instant::now();
-    let out = fleet.up_ok().await;
-    let rollout = started.elapsed();
-    settle().await;
-    let report = load.stop().await;
+    let ((out, rollout), report) = fleet
+        .under_load(async {
+            fleet.write(&s);
+            let started = std::time::Instant::now();
+            let out = fleet.up_ok().await;
+            (out, started.elapsed())
+        })
+        .await;
     // A figure for notes and the Podman job, not asserted.
     eprintln!(
         "rollout figures ({}): 3 replicas 1.39.3 → 1.40.0 in {:.1}s; load: {}",
@@ -46,23 +66,17 @@ async fn upgrade_three_replicas_under_load_loses_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_bootstrap_envoy_rejects_changes_no_container() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("rejected").await;
     let mut s = Settings::new(NEW, 3);
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
+    let (fleet, before) = Fleet::up_on("rejected", &s).await;
 
-    let load = fleet.load();
-    settle().await;
     // A field Envoy's schema knows (a merge drops unknown fields, as EG's does) with a value
     // only Envoy itself can refuse: a stats tag whose regex does not compile.
-    s.proxy_extra = "[proxy.bootstrap]\ntype = \"merge\"\nvalue = \"\"\"\nstats_config:\n  \
-                     stats_tags:\n  - tag_name: berth_bad_tag\n    regex: \"((\"\n\"\"\"\n"
-        .to_string();
-    fleet.write(&s);
-    let out = fleet.up().await;
-    settle().await;
-    let report = load.stop().await;
+    s.set("bootstrap.type", "merge");
+    s.set(
+        "bootstrap.value",
+        "stats_config:\n  stats_tags:\n  - tag_name: berth_bad_tag\n    regex: \"((\"\n",
+    );
+    let (out, report) = fleet.up_under_load(&s).await;
 
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -81,19 +95,11 @@ async fn a_bootstrap_envoy_rejects_changes_no_container() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_image_that_exits_at_start_is_refused_and_the_old_replicas_serve() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("exits").await;
     let mut s = Settings::new(NEW, 3);
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
+    let (fleet, before) = Fleet::up_on("exits", &s).await;
 
-    let load = fleet.load();
-    settle().await;
     s.image = BROKEN;
-    fleet.write(&s);
-    let out = fleet.up().await;
-    settle().await;
-    let report = load.stop().await;
+    let (out, report) = fleet.up_under_load(&s).await;
 
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -118,23 +124,13 @@ async fn an_image_that_exits_at_start_is_refused_and_the_old_replicas_serve() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_at_slot_1_rolls_slot_0_back() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("rollback").await;
     let mut s = Settings::new(OLD, 3);
     s.min_ready = "3s";
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
-    let names: Vec<String> = fleet.replicas().await.into_iter().map(|c| c.name).collect();
+    let (fleet, before) = Fleet::up_on("rollback", &s).await;
 
-    let load = fleet.load();
-    settle().await;
     s.image = NEW;
-    fleet.write(&s);
-    let saboteur = sabotage_slot(&fleet, 1, names);
-    let out = fleet.up().await;
-    settle().await;
-    let report = load.stop().await;
-    let stopped = saboteur.await.unwrap().expect("slot 1 got a new container");
+    let (out, saboteur, report) = sabotaged_rollout(&fleet, &s, 1).await;
+    let stopped = saboteur.expect("slot 1 got a new container");
 
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -154,24 +150,14 @@ async fn a_failure_at_slot_1_rolls_slot_0_back() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_at_slot_1_with_on_failure_pause_leaves_slot_0_on_the_new_spec() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("pause").await;
     let mut s = Settings::new(OLD, 3);
     s.min_ready = "3s";
     s.on_failure = "pause";
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
-    let names: Vec<String> = fleet.replicas().await.into_iter().map(|c| c.name).collect();
+    let (fleet, before) = Fleet::up_on("pause", &s).await;
 
-    let load = fleet.load();
-    settle().await;
     s.image = NEW;
-    fleet.write(&s);
-    let saboteur = sabotage_slot(&fleet, 1, names);
-    let out = fleet.up().await;
-    settle().await;
-    let report = load.stop().await;
-    saboteur.await.unwrap().expect("slot 1 got a new container");
+    let (out, saboteur, report) = sabotaged_rollout(&fleet, &s, 1).await;
+    saboteur.expect("slot 1 got a new container");
 
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
@@ -196,18 +182,10 @@ async fn a_failure_at_slot_1_with_on_failure_pause_leaves_slot_0_on_the_new_spec
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_removed_by_hand_is_restored() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("removed").await;
-    let s = Settings::new(NEW, 3);
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
+    let (fleet, before) = Fleet::up_on("removed", &Settings::new(NEW, 3)).await;
     docker(&["rm", "-f", &before[1].1]);
 
-    let load = fleet.load();
-    settle().await;
-    let out = fleet.up_ok().await;
-    settle().await;
-    let report = load.stop().await;
+    let (out, report) = fleet.under_load(fleet.up_ok()).await;
 
     assert_eq!(count_events(&out, "created"), 1);
     let after = fleet.ids().await;
@@ -243,11 +221,7 @@ async fn docker_update_memory_replaces_that_replica_only() {
         &before[2].1,
     ]);
 
-    let load = fleet.load();
-    settle().await;
-    let out = fleet.up_ok().await;
-    settle().await;
-    let report = load.stop().await;
+    let (out, report) = fleet.under_load(fleet.up_ok()).await;
 
     let replacing: Vec<_> = events(&out)
         .into_iter()
@@ -287,22 +261,22 @@ async fn scale_3_to_5_to_2_loses_no_request() {
     );
     let three = fleet.ids().await;
 
-    let load = fleet.load();
-    settle().await;
-    s.replicas = 5;
-    fleet.write(&s);
-    let out = fleet.up_ok().await;
-    settle().await;
-    assert_eq!(count_events(&out, "created"), 2);
-    assert_eq!(count_events(&out, "replacing"), 0);
-    assert_eq!(fleet.ids().await[..3], three[..]);
-    fleet.assert_serving(5, "1.40.0").await;
+    let (out, report) = fleet
+        .under_load(async {
+            s.replicas = 5;
+            fleet.write(&s);
+            let out = fleet.up_ok().await;
+            settle().await;
+            assert_eq!(count_events(&out, "created"), 2);
+            assert_eq!(count_events(&out, "replacing"), 0);
+            assert_eq!(fleet.ids().await[..3], three[..]);
+            fleet.assert_serving(5, "1.40.0").await;
 
-    s.replicas = 2;
-    fleet.write(&s);
-    let out = fleet.up_ok().await;
-    settle().await;
-    let report = load.stop().await;
+            s.replicas = 2;
+            fleet.write(&s);
+            fleet.up_ok().await
+        })
+        .await;
     assert_eq!(count_events(&out, "removed"), 3);
     assert_eq!(count_events(&out, "replacing"), 0);
     assert_eq!(fleet.ids().await[..], three[..2]);
@@ -313,11 +287,7 @@ async fn scale_3_to_5_to_2_loses_no_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drift_is_put_back_stopped_renamed_and_tampered_files() {
     let _serial = SERIAL.lock().await;
-    let fleet = Fleet::new("drift").await;
-    let s = Settings::new(NEW, 3);
-    fleet.write(&s);
-    fleet.up_ok().await;
-    let before = fleet.ids().await;
+    let (fleet, before) = Fleet::up_on("drift", &Settings::new(NEW, 3)).await;
 
     // A stopped replica is started again (same container).
     docker(&["stop", "-t", "1", &before[2].1]);

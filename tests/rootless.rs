@@ -10,9 +10,10 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
+use common::config as cfg;
 use common::fleet::{NEW, OLD};
 use common::load::{assert_no_failures, Load};
-use common::{free_port, skip, Cleanup, LABEL_TEST_CASE};
+use common::{describe, free_port, skip, Cleanup, LABEL_TEST_CASE};
 
 /// A system user in the docker group; removed on drop.
 struct TestUser {
@@ -59,42 +60,17 @@ impl Drop for TestUser {
     }
 }
 
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
-
 fn write_config(path: &Path, image: &str, port: u16) {
-    std::fs::write(
-        path,
-        format!(
-            r#"[[proxy]]
-name = "roll"
-image = "{image}"
-replicas = 2
-
-[proxy.rollout]
-min_ready = "1s"
-
-[proxy.shutdown]
-drain_timeout = "10s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello from berth\n" }}
-"#
-        ),
-    )
-    .unwrap();
+    let toml = cfg::Proxy::new("roll", image, 2)
+        .set("rollout.min_ready", "1s")
+        .set("shutdown.drain_timeout", "10s")
+        .listener(cfg::Listener::http("web", port).route(cfg::Route::direct(
+            "/",
+            200,
+            "hello from berth\n",
+        )))
+        .to_toml();
+    std::fs::write(path, toml).unwrap();
 }
 
 /// berth as `user`, with only the environment a login would give it.

@@ -14,19 +14,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use berth::preflight::tcp_ports_listened_by;
+use common::config as cfg;
 use common::{free_port, short_tempdir, Cleanup};
 use serde_json::Value;
 
 fn berth(config: &Path, state: &Path, cleanup: &Cleanup, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(config)
-        .arg("--state-dir")
-        .arg(state)
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!("{}={}", common::LABEL_TEST_CASE, cleanup.case))
+    common::berth_on(config, state, &cleanup.case)
         .args(args)
         .output()
         .expect("running berth")
@@ -101,51 +94,25 @@ fn replicas_are_locked_down_and_secrets_stay_secret() {
     let certs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("examples/certs");
     let (tls_port, high_port, low_port) = (free_port(), free_port(), free_low_port());
     let config = dir.path().join("berth.toml");
-    fs::write(
-        &config,
-        format!(
-            r#"
-[[proxy]]
-name = "sec-high"
-image = "{image}"
-replicas = 2
-[proxy.rollout]
-min_ready = "0s"
-[[proxy.listener]]
-name = "https"
-port = {tls_port}
-protocol = "https"
-tls = {{ cert_file = "{cert}", key_file = "{key}" }}
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "tls\n" }}
-[[proxy.listener]]
-name = "plain"
-port = {high_port}
-protocol = "http"
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "plain\n" }}
-
-[[proxy]]
-name = "sec-low"
-image = "{image}"
-replicas = 1
-[proxy.rollout]
-min_ready = "0s"
-[[proxy.listener]]
-name = "low"
-port = {low_port}
-protocol = "http"
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "low\n" }}
-"#,
-            cert = certs.join("cert.pem").display(),
-            key = certs.join("key.pem").display(),
-        ),
-    )
-    .unwrap();
+    let tls = cfg::tls_files(
+        &certs.join("cert.pem").display().to_string(),
+        &certs.join("key.pem").display().to_string(),
+    );
+    let high = cfg::Proxy::new("sec-high", image, 2)
+        .set("rollout.min_ready", "0s")
+        .listener(
+            cfg::Listener::https("https", tls_port, tls)
+                .route(cfg::Route::direct("/", 200, "tls\n")),
+        )
+        .listener(
+            cfg::Listener::http("plain", high_port).route(cfg::Route::direct("/", 200, "plain\n")),
+        );
+    let low = cfg::Proxy::new("sec-low", image, 1)
+        .set("rollout.min_ready", "0s")
+        .listener(
+            cfg::Listener::http("low", low_port).route(cfg::Route::direct("/", 200, "low\n")),
+        );
+    fs::write(&config, cfg::config(&Default::default(), &[high, low])).unwrap();
 
     let up = berth(&config, &state, &cleanup, &["up"]);
     assert!(up.status.success(), "up failed:\n{}", text(&up));
@@ -276,28 +243,11 @@ fn memory_beyond_the_host_is_refused_unless_forced() {
     let state = dir.path().join("s");
     let port = free_port();
     let config = dir.path().join("berth.toml");
-    fs::write(
-        &config,
-        format!(
-            r#"
-[[proxy]]
-name = "greedy"
-image = "{image}"
-replicas = 2
-[proxy.resources]
-memory = "64Ti"
-[proxy.rollout]
-min_ready = "0s"
-[[proxy.listener]]
-name = "web"
-port = {port}
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200 }}
-"#
-        ),
-    )
-    .unwrap();
+    let greedy = cfg::Proxy::new("greedy", image, 2)
+        .set("resources.memory", "64Ti")
+        .set("rollout.min_ready", "0s")
+        .listener(cfg::Listener::new("web", port).route(cfg::Route::status("/", 200)));
+    fs::write(&config, greedy.to_toml()).unwrap();
     let refused = berth(&config, &state, &cleanup, &["up"]);
     assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
     let message = text(&refused);

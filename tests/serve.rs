@@ -18,7 +18,7 @@ const OLD_IMAGE: &str = "berth-test/envoy:1.39.3";
 #[test]
 fn config_edit_scales_the_proxy() {
     let case = Case::new("serve-scale");
-    case.write(common::TEST_IMAGE, 2, "one\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "one\n", "0s");
     let serve = case.serve(&[]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
@@ -26,7 +26,7 @@ fn config_edit_scales_the_proxy() {
     let gen = serve.proxy(&case.name)["desiredGeneration"]
         .as_u64()
         .unwrap();
-    case.write(common::TEST_IMAGE, 3, "one\\n", "0s");
+    case.write(common::TEST_IMAGE, 3, "one\n", "0s");
     serve.wait_for("3 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 3)
     });
@@ -67,7 +67,7 @@ fn config_edit_scales_the_proxy() {
 #[test]
 fn route_change_is_live_with_no_failed_request() {
     let case = Case::new("serve-route");
-    case.write(common::TEST_IMAGE, 2, "before\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "before\n", "0s");
     let serve = case.serve(&[]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
@@ -76,7 +76,7 @@ fn route_change_is_live_with_no_failed_request() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let load = rt.block_on(async { Load::start(case.port, "/", 4, Duration::from_secs(60)) });
     std::thread::sleep(Duration::from_millis(500));
-    case.write(common::TEST_IMAGE, 2, "after\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "after\n", "0s");
     // Every replica: enough requests that each of the two replicas answers several.
     let served = serve.wait_for("the new route", Duration::from_secs(20), |_| {
         (0..20).all(|_| case.body() == "after\n")
@@ -100,7 +100,7 @@ fn route_change_is_live_with_no_failed_request() {
 #[test]
 fn removed_replica_is_recreated() {
     let case = Case::new("serve-drift");
-    case.write(common::TEST_IMAGE, 2, "drift\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "drift\n", "0s");
     let serve = case.serve(&[]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
@@ -149,7 +149,7 @@ fn removed_replica_is_recreated() {
 #[test]
 fn broken_edit_is_reported_and_the_old_config_keeps_serving() {
     let case = Case::new("serve-broken");
-    case.write(common::TEST_IMAGE, 1, "good\\n", "0s");
+    case.write(common::TEST_IMAGE, 1, "good\n", "0s");
     let serve = case.serve(&[]);
     serve.wait_for("1 ready replica", Duration::from_secs(60), |s| {
         s.converged(&case.name, 1)
@@ -198,7 +198,7 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
     // files back (the other replica returns to them) and report the error, instead of leaving
     // the replicas on different routes.
     let case = Case::new("serve-reject");
-    case.write(common::TEST_IMAGE, 2, "old\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "old\n", "0s");
     let serve = case.serve(&["--confirm-timeout", "2s"]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
@@ -220,7 +220,7 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
         }
     }
     let thaw = Thaw(pid);
-    case.write(common::TEST_IMAGE, 2, "new\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "new\n", "0s");
     serve.wait_for("the failure in /status", Duration::from_secs(30), |s| {
         let p = s.proxy(&case.name);
         condition(&p, "Degraded")["status"] == "True"
@@ -276,12 +276,12 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
 fn sigterm_mid_rollout_exits_cleanly_and_the_next_serve_completes() {
     ensure_old_image();
     let case = Case::new("serve-sigterm");
-    case.write(OLD_IMAGE, 2, "roll\\n", "3s");
+    case.write(OLD_IMAGE, 2, "roll\n", "3s");
     let mut serve = case.serve(&[]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
     });
-    case.write(common::TEST_IMAGE, 2, "roll\\n", "3s");
+    case.write(common::TEST_IMAGE, 2, "roll\n", "3s");
     // Wait until the first new replica exists: the rollout is mid-step.
     serve.wait_for("the first new replica", Duration::from_secs(60), |_| {
         case.containers().iter().any(|c| c.2 == common::TEST_IMAGE)
@@ -333,7 +333,7 @@ fn sigterm_mid_rollout_exits_cleanly_and_the_next_serve_completes() {
 #[test]
 fn metrics_parse_and_carry_berth_and_envoy_stats() {
     let case = Case::new("serve-metrics");
-    case.write(common::TEST_IMAGE, 2, "m\\n", "0s");
+    case.write(common::TEST_IMAGE, 2, "m\n", "0s");
     let serve = case.serve(&[]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)

@@ -10,6 +10,7 @@ mod common;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
+use common::config::{tls_files, Listener, Proxy, Route};
 use common::fleet::{assert_no_failures, ensure_images, stderr, Fleet, PROXY};
 use common::load::Load;
 use common::serve::Serve;
@@ -18,29 +19,15 @@ use common::EVENTUALLY;
 use common::TEST_IMAGE;
 
 fn config(port: u16) -> String {
-    format!(
-        r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{TEST_IMAGE}"
-replicas = 2
-concurrency = 1
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "1s"
-
-[[proxy.listener]]
-name = "https"
-port = {port}
-protocol = "https"
-tls = {{ cert_file = "cert.pem", key_file = "key.pem" }}
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello over TLS\n" }}
-"#
-    )
+    Proxy::test(PROXY, TEST_IMAGE, 2)
+        .listener(
+            Listener::https("https", port, tls_files("cert.pem", "key.pem")).route(Route::direct(
+                "/",
+                200,
+                "hello over TLS\n",
+            )),
+        )
+        .to_toml()
 }
 
 struct Files {

@@ -14,6 +14,7 @@ use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::config as cfg;
 use common::host::{self, HostGuard};
 use common::load::Load;
 use common::serve::*;
@@ -28,15 +29,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 
 /// `berth <args>` against the case's config and state directory, with its test labels.
 fn berth(case: &Case, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_berth"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .arg("-f")
-        .arg(&case.config)
-        .arg("--state-dir")
-        .arg(case.state_dir.path())
-        .args(["--container-label", "io.berth.test=1"])
-        .arg("--container-label")
-        .arg(format!("io.berth.test.case={}", case.cleanup.case))
+    common::berth_on(&case.config, case.state_dir.path(), &case.cleanup.case)
         .args(args)
         .output()
         .expect("running berth")
@@ -86,34 +79,18 @@ fn serving(port: u16) -> bool {
 
 /// A proxy config with a rollout-relevant `log_level`.
 fn proxy_toml(name: &str, replicas: u32, port: u16, log_level: &str) -> String {
-    format!(
-        r#"[[proxy]]
-name = "{name}"
-image = "{image}"
-replicas = {replicas}
-log_level = "{log_level}"
-
-[proxy.resources]
-memory = "128Mi"
-
-[proxy.rollout]
-min_ready = "1s"
-
-[proxy.shutdown]
-drain_timeout = "5s"
-min_drain_duration = "0s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "{name}\n" }}
-"#,
-        image = common::TEST_IMAGE
-    )
+    cfg::Proxy::new(name, common::TEST_IMAGE, replicas)
+        .set("log_level", log_level)
+        .set("resources.memory", "128Mi")
+        .set("rollout.min_ready", "1s")
+        .set("shutdown.drain_timeout", "5s")
+        .set("shutdown.min_drain_duration", "0s")
+        .listener(cfg::Listener::http("web", port).route(cfg::Route::direct(
+            "/",
+            200,
+            &format!("{name}\n"),
+        )))
+        .to_toml()
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use berth::admin::Admin;
 use berth::preflight::tcp_ports_listened_by;
+use common::config as cfg;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup, TEST_IMAGE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -46,17 +47,8 @@ impl Fleet {
     }
 
     fn command(&self) -> Command {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
-        cmd.env_remove("BERTH_CONFIG")
-            .env_remove("BERTH_STATE_DIR")
-            .arg("-f")
-            .arg(self.cfg())
-            .arg("--state-dir")
-            .arg(self.state())
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("io.berth.test.case={}", self.cleanup.case));
+        let mut cmd = common::berth_on(&self.cfg(), &self.state(), &self.cleanup.case);
+        cmd.env_remove("BERTH_CONFIG").env_remove("BERTH_STATE_DIR");
         cmd
     }
 
@@ -155,30 +147,16 @@ fn proxy_name(tag: &str) -> String {
 
 /// One proxy: `replicas` replicas of `image` on `port`, answering "hello <name>" on every path.
 fn proxy_toml(name: &str, port: u16, replicas: u32, image: &str) -> String {
-    format!(
-        r#"
-[[proxy]]
-name = "{name}"
-image = "{image}"
-replicas = {replicas}
-concurrency = 1
-
-[proxy.rollout]
-min_ready = "0s"
-
-[proxy.shutdown]
-min_drain_duration = "0s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello {name}\n" }}
-"#
-    )
+    cfg::Proxy::new(name, image, replicas)
+        .set("concurrency", 1)
+        .set("rollout.min_ready", "0s")
+        .set("shutdown.min_drain_duration", "0s")
+        .listener(cfg::Listener::http("web", port).route(cfg::Route::direct(
+            "/",
+            200,
+            &format!("hello {name}\n"),
+        )))
+        .to_toml()
 }
 
 /// One HTTP/1.1 request on a fresh connection to 127.0.0.1:port; the status code and body.

@@ -21,7 +21,7 @@ use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 use common::fleet::assert_no_failures;
 use common::load::Load;
 use common::xds::{self, Certs, XdsServer};
-use common::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};
+use common::{free_port, short_tempdir, Cleanup};
 
 const OLD_IMAGE: &str = "berth-test/envoy:1.39.3";
 const NEW_IMAGE: &str = "berth-test/envoy:1.40.0";
@@ -113,34 +113,26 @@ impl Gateway {
     }
 
     async fn berth(&self, args: &[&str], cert: &Path, key: &Path) -> Output {
-        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"))
-            .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-            .current_dir(self.dir.path())
-            .arg("--state-dir")
-            .arg(self.state())
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("{LABEL_TEST_CASE}={}", self.cleanup.case))
-            .arg("--ir")
-            .arg(self.dir.path().join("gw.yaml"))
-            .args(["--xds-address", "127.0.0.1", "--xds-port"])
-            .arg(self.xds.addr.port().to_string())
-            .arg("--xds-ca")
-            .arg(self.certs.ca())
-            .arg("--xds-cert")
-            .arg(cert)
-            .arg("--xds-key")
-            .arg(key)
-            .args(args)
-            .output()
-            .await
-            .expect("running berth");
-        eprintln!(
-            "berth {args:?}: {}\n--- stdout\n{}--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let out = tokio::process::Command::from(common::berth_command(
+            Some(&self.state()),
+            Some(&self.cleanup.case),
+        ))
+        .current_dir(self.dir.path())
+        .arg("--ir")
+        .arg(self.dir.path().join("gw.yaml"))
+        .args(["--xds-address", "127.0.0.1", "--xds-port"])
+        .arg(self.xds.addr.port().to_string())
+        .arg("--xds-ca")
+        .arg(self.certs.ca())
+        .arg("--xds-cert")
+        .arg(cert)
+        .arg("--xds-key")
+        .arg(key)
+        .args(args)
+        .output()
+        .await
+        .expect("running berth");
+        common::show(&format!("berth {args:?}"), &out);
         out
     }
 

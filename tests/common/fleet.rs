@@ -12,10 +12,11 @@ use berth::engine::{ContainerEngine, DockerEngine};
 use berth::layout;
 use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
 
+use super::config as cfg;
 #[allow(unused_imports)]
 pub use super::load::assert_no_failures;
-use super::load::Load;
-use super::{free_port, short_tempdir, Cleanup, LABEL_TEST_CASE};
+use super::load::{Load, LoadReport};
+use super::{free_port, short_tempdir, Cleanup};
 
 pub const OLD: &str = "berth-test/envoy:1.39.3";
 pub const NEW: &str = "berth-test/envoy:1.40.0";
@@ -53,8 +54,8 @@ pub struct Fleet {
 pub struct Settings {
     pub image: &'static str,
     pub replicas: u32,
-    /// Extra TOML appended to the `[[proxy]]` table (before its sub-tables).
-    pub proxy_extra: String,
+    /// More fields of the `[[proxy]]` table, by dotted path (`"bootstrap.type"`).
+    pub extra: Vec<(String, toml::Value)>,
     pub on_failure: &'static str,
     pub min_ready: &'static str,
 }
@@ -64,10 +65,15 @@ impl Settings {
         Settings {
             image,
             replicas,
-            proxy_extra: String::new(),
+            extra: Vec::new(),
             on_failure: "rollback",
             min_ready: "1s",
         }
+    }
+
+    /// Sets one more field of the proxy, by its dotted path.
+    pub fn set(&mut self, path: &str, value: impl Into<toml::Value>) {
+        self.extra.push((path.to_string(), value.into()));
     }
 }
 
@@ -90,57 +96,43 @@ impl Fleet {
         self.dir.path().join("s")
     }
 
-    pub fn write(&self, s: &Settings) {
-        let toml = format!(
-            r#"
-[[proxy]]
-name = "{PROXY}"
-image = "{image}"
-replicas = {replicas}
-concurrency = 1
-{extra}
-[proxy.resources]
-memory = "256Mi"
-
-[proxy.shutdown]
-drain_timeout = "10s"
-
-[proxy.rollout]
-startup_deadline = "20s"
-min_ready = "{min_ready}"
-on_failure = "{on_failure}"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "hello from berth\n" }}
-"#,
-            image = s.image,
-            replicas = s.replicas,
-            extra = s.proxy_extra,
-            min_ready = s.min_ready,
-            on_failure = s.on_failure,
-            port = self.port,
-        );
+    /// Writes `toml` as this fleet's config file.
+    pub fn write_toml(&self, toml: &str) {
         std::fs::write(self.config(), toml).unwrap();
+    }
+
+    /// Writes the config of `s`: proxy [`PROXY`] on this fleet's port, answering
+    /// "hello from berth".
+    pub fn write(&self, s: &Settings) {
+        let proxy = cfg::Proxy::new(PROXY, s.image, s.replicas)
+            .set("concurrency", 1)
+            .set("resources.memory", "256Mi")
+            .set("shutdown.drain_timeout", "10s")
+            .set("rollout.startup_deadline", "20s")
+            .set("rollout.min_ready", s.min_ready)
+            .set("rollout.on_failure", s.on_failure)
+            .listener(
+                cfg::Listener::http("web", self.port).route(cfg::Route::direct(
+                    "/",
+                    200,
+                    "hello from berth\n",
+                )),
+            );
+        let proxy = s
+            .extra
+            .iter()
+            .fold(proxy, |p, (path, value)| p.set(path, value.clone()));
+        self.write_toml(&proxy.to_toml());
     }
 
     /// `berth <args>` on this fleet's config and state directory, with the test's labels.
     pub fn berth(&self, args: &[&str]) -> tokio::process::Command {
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .arg("-f")
-            .arg(self.config())
-            .arg("--state-dir")
-            .arg(self.state())
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("{LABEL_TEST_CASE}={}", self.cleanup.case))
-            .args(args);
+        let mut cmd = tokio::process::Command::from(super::berth_on(
+            &self.config(),
+            &self.state(),
+            &self.cleanup.case,
+        ));
+        cmd.args(args);
         cmd
     }
 
@@ -157,12 +149,7 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
             .output()
             .await
             .expect("running berth");
-        eprintln!(
-            "berth up: {}\n--- stdout\n{}--- stderr\n{}",
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        super::show("berth up", &out);
         out
     }
 
@@ -204,6 +191,43 @@ direct_response = {{ status = 200, body = "hello from berth\n" }}
 
     pub fn load(&self) -> Load {
         Load::start(self.port, "/", CONNECTIONS, Duration::from_secs(300))
+    }
+
+    /// A fleet up on `s` (`berth up` succeeded); it and the (slot, container ID) of its
+    /// replicas.
+    pub async fn up_on(name: &str, s: &Settings) -> (Fleet, Vec<(Option<u32>, String)>) {
+        let fleet = Fleet::new(name).await;
+        fleet.write(s);
+        fleet.up_ok().await;
+        let ids = fleet.ids().await;
+        (fleet, ids)
+    }
+
+    /// Runs `work` under [`Fleet::load`], with [`settle`] before and after it; what `work`
+    /// returned and what the load saw.
+    pub async fn under_load<T>(
+        &self,
+        work: impl std::future::Future<Output = T>,
+    ) -> (T, LoadReport) {
+        let load = self.load();
+        settle().await;
+        let done = work.await;
+        settle().await;
+        (done, load.stop().await)
+    }
+
+    /// Writes `s` and runs `berth up` under load; its output and what the load saw.
+    pub async fn up_under_load(&self, s: &Settings) -> (Output, LoadReport) {
+        self.under_load(async {
+            self.write(s);
+            self.up().await
+        })
+        .await
+    }
+
+    /// The names of this fleet's replicas.
+    pub async fn names(&self) -> Vec<String> {
+        self.replicas().await.into_iter().map(|c| c.name).collect()
     }
 
     /// Every replica runs, one per slot `0..n`, and all report `version` in /server_info.

@@ -7,6 +7,7 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod config;
 pub mod eg;
 pub mod fleet;
 pub mod host;
@@ -126,6 +127,51 @@ impl Drop for Cleanup {
                 .output();
         }
     }
+}
+
+/// The berth under test with its test environment: its sysctl drop-in under /tmp (never
+/// /etc/sysctl.d) and, with a state directory and a test case, `--state-dir` and the test's
+/// container labels (so [`Cleanup`] finds what it made).
+pub fn berth_command(state: Option<&Path>, case: Option<&str>) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
+    cmd.env("BERTH_SYSCTL_DROPIN", TEST_SYSCTL_DROPIN);
+    if let Some(state) = state {
+        cmd.arg("--state-dir").arg(state);
+    }
+    if let Some(case) = case {
+        cmd.args(["--container-label", "io.berth.test=1"])
+            .arg("--container-label")
+            .arg(format!("{LABEL_TEST_CASE}={case}"));
+    }
+    cmd
+}
+
+/// [`berth_command`] on `config` (`-f`), `state` and the test case `case`.
+pub fn berth_on(config: &Path, state: &Path, case: &str) -> Command {
+    let mut cmd = berth_command(Some(state), Some(case));
+    cmd.arg("-f").arg(config);
+    cmd
+}
+
+/// Prints what a command (`what`) did: its exit status, stdout and stderr (captured by the
+/// harness, shown when the test fails).
+pub fn show(what: &str, out: &std::process::Output) {
+    eprintln!(
+        "{what}: {}\n--- stdout\n{}--- stderr\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A process's exit status, stdout and stderr, for an assertion message.
+pub fn describe(out: &std::process::Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
 }
 
 /// A short temporary directory under /tmp (socket paths are limited to 108 bytes).

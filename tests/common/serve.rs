@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+use super::config as cfg;
 use super::{ensure_test_image, free_port, short_tempdir, Cleanup};
 
 /// A running `berth serve`; killed on drop.
@@ -28,15 +29,7 @@ impl Serve {
             .append(true)
             .open(&log)
             .unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_berth"))
-            .env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .arg("-f")
-            .arg(config)
-            .arg("--state-dir")
-            .arg(state)
-            .args(["--container-label", "io.berth.test=1"])
-            .arg("--container-label")
-            .arg(format!("io.berth.test.case={}", cleanup.case))
+        let child = super::berth_on(config, state, &cleanup.case)
             .arg("serve")
             .arg("--listen")
             .arg(format!("127.0.0.1:{status_port}"))
@@ -194,6 +187,7 @@ pub fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
     Some((code, body.to_string()))
 }
 
+/// One proxy answering `body` on `port`, with a quick rollout and drain.
 pub fn config(
     name: &str,
     image: &str,
@@ -202,29 +196,12 @@ pub fn config(
     body: &str,
     min_ready: &str,
 ) -> String {
-    format!(
-        r#"[[proxy]]
-name = "{name}"
-image = "{image}"
-replicas = {replicas}
-
-[proxy.rollout]
-min_ready = "{min_ready}"
-
-[proxy.shutdown]
-drain_timeout = "5s"
-min_drain_duration = "0s"
-
-[[proxy.listener]]
-name = "web"
-port = {port}
-protocol = "http"
-
-[[proxy.listener.route]]
-path_prefix = "/"
-direct_response = {{ status = 200, body = "{body}" }}
-"#
-    )
+    cfg::Proxy::new(name, image, replicas)
+        .set("rollout.min_ready", min_ready)
+        .set("shutdown.drain_timeout", "5s")
+        .set("shutdown.min_drain_duration", "0s")
+        .listener(cfg::Listener::http("web", port).route(cfg::Route::direct("/", 200, body)))
+        .to_toml()
 }
 
 /// Replaces the config file the way editors do: write a temp file, rename it over.
