@@ -9,6 +9,7 @@ use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::describe;
 use common::fleet::*;
 use common::short_tempdir;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -24,15 +25,6 @@ fn berth_in(cwd: &Path) -> Command {
         .env_remove("BERTH_STATE_DIR")
         .stdin(Stdio::null());
     cmd
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 /// Runs berth with `args` on a terminal (a pty from `script`), typing `input`.
@@ -244,18 +236,21 @@ async fn logs_interleave_replicas_and_follow_a_rollout() {
     reader.await.unwrap();
 }
 
+/// `berth ARGS` in `dir` with no engine to reach, which must succeed; its stdout.
+fn stdout_without_engine(dir: &Path, args: &[&str]) -> String {
+    let out = berth_in(dir)
+        .env("DOCKER_HOST", NO_DOCKER)
+        .args(args)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn completions_and_man_need_no_engine() {
     let dir = short_tempdir();
-    let run = |args: &[&str]| {
-        let out = berth_in(dir.path())
-            .env("DOCKER_HOST", NO_DOCKER)
-            .args(args)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |args: &[&str]| stdout_without_engine(dir.path(), args);
     assert!(run(&["completions", "bash"]).contains("complete -F _berth"));
     assert!(run(&["completions", "zsh"]).starts_with("#compdef berth"));
     assert!(run(&["completions", "fish"]).contains("complete -c berth"));
@@ -266,15 +261,7 @@ fn completions_and_man_need_no_engine() {
 #[test]
 fn version_names_the_commit_and_the_envoy_gateway_release() {
     let dir = short_tempdir();
-    let run = |args: &[&str]| {
-        let out = berth_in(dir.path())
-            .env("DOCKER_HOST", NO_DOCKER)
-            .args(args)
-            .output()
-            .unwrap();
-        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
+    let run = |args: &[&str]| stdout_without_engine(dir.path(), args);
     let json: serde_json::Value = serde_json::from_str(&run(&["version", "-o", "json"])).unwrap();
     assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
     assert_eq!(json["envoy_gateway"], berth::source::eg::EG_RELEASE);

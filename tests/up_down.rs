@@ -15,6 +15,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use berth::admin::Admin;
 use berth::preflight::tcp_ports_listened_by;
 use common::config as cfg;
+use common::describe;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup, TEST_IMAGE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -113,15 +114,6 @@ impl Fleet {
                 .join("admin.sock"),
         )
     }
-}
-
-fn describe(out: &Output) -> String {
-    format!(
-        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
 }
 
 fn docker(args: &[&str]) -> String {
