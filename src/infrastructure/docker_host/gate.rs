@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::execute::Run;
 use super::retire::drain;
+use super::traffic_gate::{Siblings, TrafficWatch};
 use crate::admin::ReadyState;
 use crate::crashpoint;
 use crate::engine::RunState;
@@ -43,6 +44,11 @@ pub enum Gate {
     Listeners,
     /// Ready, but not for the whole minimum ready time.
     MinReady,
+    /// Ready, but its own traffic during the minimum ready time failed far more often than
+    /// its siblings' ([`crate::rollout::judge`]).
+    Traffic,
+    /// A canary whose numbers during its hold were worse than the old replicas'.
+    Canary,
 }
 
 impl fmt::Display for Gate {
@@ -53,6 +59,8 @@ impl fmt::Display for Gate {
             Gate::Exited => "stay running",
             Gate::Listeners => "bind all its listeners",
             Gate::MinReady => "stay ready for the minimum ready time",
+            Gate::Traffic => "answer its traffic as well as its siblings",
+            Gate::Canary => "pass its canary hold",
         })
     }
 }
@@ -126,6 +134,14 @@ impl Want {
     }
 }
 
+/// What a gate asks of one replica: the policy's deadlines, what it must show, and the
+/// siblings its traffic is judged against (None: not judged).
+pub(super) struct Ask<'a> {
+    pub policy: &'a RolloutPolicy,
+    pub want: &'a Want,
+    pub siblings: Option<&'a Siblings>,
+}
+
 /// One look at a replica against what the gate wants: Ok when satisfied, else why not.
 async fn look(admin: &dyn crate::admin::AdminApi, want: &Want) -> Result<(), NotReady> {
     match want {
@@ -154,6 +170,7 @@ impl Run<'_> {
         name: &str,
         image_id: &str,
         want: &Want,
+        siblings: Option<&Siblings>,
     ) -> Result<(), GateFailure> {
         let proxy = &desired.spec.proxy;
         let failure = |gate: Gate, reason: String| GateFailure {
@@ -193,7 +210,17 @@ impl Run<'_> {
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self
-            .gate(proxy, slot, &id, name, &desired.rollout, want)
+            .gate(
+                proxy,
+                slot,
+                &id,
+                name,
+                Ask {
+                    policy: &desired.rollout,
+                    want,
+                    siblings,
+                },
+            )
             .await
         {
             if desired.xds && f.gate == Gate::Ready {
@@ -246,9 +273,13 @@ impl Run<'_> {
         slot: u32,
         id: &str,
         run_name: &str,
-        policy: &RolloutPolicy,
-        want: &Want,
+        ask: Ask<'_>,
     ) -> Result<(), GateFailure> {
+        let Ask {
+            policy,
+            want,
+            siblings,
+        } = ask;
         let admin = self.host.admin(proxy, run_name, ADMIN_TIMEOUT);
         let failure = |gate: Gate, reason: String| GateFailure {
             proxy: proxy.to_string(),
@@ -293,6 +324,10 @@ impl Run<'_> {
         }
         let ready_until = Instant::now() + policy.min_ready;
         let mut admin_errors = 0;
+        let mut traffic = match siblings {
+            Some(s) => Some(TrafficWatch::begin(s).await),
+            None => None,
+        };
         while Instant::now() < ready_until {
             tokio::time::sleep(POLL.min(policy.min_ready)).await;
             let last = Instant::now() >= ready_until;
@@ -313,6 +348,19 @@ impl Run<'_> {
                 }
                 Err(e) => return Err(failure(Gate::MinReady, e.to_string())),
             }
+            if let Some(t) = traffic.as_mut() {
+                t.check(admin.as_ref(), last)
+                    .await
+                    .map_err(|why| failure(Gate::Traffic, why))?;
+            }
+        }
+        if let Some(t) = traffic {
+            self.reporter.event(
+                Event::new(proxy, "traffic")
+                    .slot(slot)
+                    .container(run_name)
+                    .message(t.outcome()),
+            );
         }
         Ok(())
     }

@@ -16,6 +16,7 @@
 //! rows).
 
 mod ahead;
+mod canary;
 mod execute;
 mod files;
 mod gate;
@@ -24,6 +25,8 @@ mod prepare;
 mod retire;
 #[cfg(test)]
 mod tests;
+mod traffic_gate;
+mod waves;
 
 pub use ahead::Ahead;
 pub use gate::{Gate, GateFailure};
