@@ -3,8 +3,8 @@
 #
 #   scripts/package-deb.sh [OUT_DIR]      default OUT_DIR: target/debian
 #
-# BERTH_BIN names the binary to package (default: the release build, built when missing:
-# target/<host triple>/release/berth, static). Prints the path of the .deb on its last line.
+# BERTH_BIN names the binary to package (default: the release build of this tree, built or
+# brought up to date first: target/<host triple>/release/berth, static). Prints the path of the .deb on its last line.
 #
 # Contents: /usr/bin/berth (one static binary, also the Swarm agent); the systemd unit
 # /lib/systemd/system/berth.service (berth serve on /etc/berth/berth.toml, state in
@@ -19,9 +19,8 @@ cd "$(dirname "$0")/.."
 out_dir=${1:-target/debian}
 triple=$(rustc -vV | sed -n 's/^host: //p')
 bin=${BERTH_BIN:-${CARGO_TARGET_DIR:-target}/$triple/release/berth}
-if [ -z "${BERTH_BIN:-}" ] && [ ! -x "$bin" ]; then
-  cargo build --release --quiet --bin berth
-fi
+# Unless told which binary, the release build of this tree (cargo makes sure it is current).
+[ -n "${BERTH_BIN:-}" ] || cargo build --release --quiet --bin berth
 [ -x "$bin" ] || { echo "no berth binary at $bin" >&2; exit 1; }
 if LC_ALL=C readelf -l "$bin" | grep -q 'program interpreter'; then
   echo "$bin is dynamically linked; the package ships the static build (.cargo/config.toml)" >&2

@@ -5,11 +5,12 @@
 //! hyper-util's resolver in both clients); image registries are resolved by the engine and
 //! backends by Envoy, not by berth.
 //!
-//! The checks run the real test build of berth with DOCKER_HOST=tcp://NAME:PORT, NAME resolved
-//! once from a hosts file and once from a DNS server started here, in a private mount namespace
-//! whose /etc/hosts, /etc/nsswitch.conf and /etc/resolv.conf are bind-mounted over (the host's
-//! files are never changed). PORT is a TCP relay to the Docker socket that counts connections:
-//! `berth status` exits 0 only if it reached the real engine through the name.
+//! The checks run the real test build of berth in a private mount namespace whose /etc/hosts,
+//! /etc/nsswitch.conf and /etc/resolv.conf are bind-mounted over (the host's files are never
+//! changed): with DOCKER_HOST=tcp://NAME:PORT, NAME resolved once from a hosts file and once
+//! from a DNS server started here, PORT a TCP relay to the Docker socket that counts
+//! connections (`berth status` exits 0 only if it reached the real engine through the name);
+//! and `berth up` with an ACME directory given by a name from the hosts file.
 
 mod common;
 
@@ -123,8 +124,53 @@ fn dns_answer(query: &[u8]) -> Option<(String, Vec<u8>)> {
     Some((format!("{name}/{qtype}"), out))
 }
 
-/// `berth status` with DOCKER_HOST=tcp://NAME:port, in a mount namespace where /etc/hosts,
-/// /etc/nsswitch.conf and /etc/resolv.conf are the given texts.
+/// The name-service files of a private mount namespace: /etc/hosts, /etc/nsswitch.conf and
+/// /etc/resolv.conf.
+struct Names<'a> {
+    hosts: &'a str,
+    nsswitch: &'a str,
+    resolv: &'a str,
+}
+
+/// The berth under test with `args`, in a mount namespace whose name-service files are `names`.
+async fn berth_with(
+    dir: &Path,
+    names: &Names<'_>,
+    args: &[&str],
+    env: &[(&str, String)],
+) -> std::process::Output {
+    for (file, text) in [
+        ("hosts", names.hosts),
+        ("nsswitch.conf", names.nsswitch),
+        ("resolv.conf", names.resolv),
+    ] {
+        std::fs::write(dir.join(file), text).unwrap();
+    }
+    let script = "mount --bind \"$1/hosts\" /etc/hosts && \
+                  mount --bind \"$1/nsswitch.conf\" /etc/nsswitch.conf && \
+                  mount --bind \"$1/resolv.conf\" /etc/resolv.conf && shift && exec \"$@\"";
+    let mut cmd = tokio::process::Command::new("unshare");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "sh",
+        "-c",
+        script,
+        "sh",
+    ])
+    .arg(dir)
+    .arg(env!("CARGO_BIN_EXE_berth"))
+    .args(args)
+    .current_dir(dir)
+    .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().await.expect("unshare(1) from util-linux")
+}
+
+/// `berth status` with DOCKER_HOST=tcp://NAME:port, under `names`.
 async fn status_by_name(
     dir: &Path,
     port: u16,
@@ -132,37 +178,20 @@ async fn status_by_name(
     nsswitch: &str,
     resolv: &str,
 ) -> std::process::Output {
-    for (file, text) in [
-        ("hosts", hosts),
-        ("nsswitch.conf", nsswitch),
-        ("resolv.conf", resolv),
-    ] {
-        std::fs::write(dir.join(file), text).unwrap();
-    }
-    let script = "mount --bind \"$1/hosts\" /etc/hosts && \
-                  mount --bind \"$1/nsswitch.conf\" /etc/nsswitch.conf && \
-                  mount --bind \"$1/resolv.conf\" /etc/resolv.conf && shift && exec \"$@\"";
-    tokio::process::Command::new("unshare")
-        .args([
-            "--mount",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-            "sh",
-        ])
-        .arg(dir)
-        .arg(env!("CARGO_BIN_EXE_berth"))
-        .arg("--state-dir")
-        .arg(dir.join("state"))
-        .arg("status")
-        .current_dir(dir)
-        .env("DOCKER_HOST", format!("tcp://{NAME}:{port}"))
-        .env("BERTH_SYSCTL_DROPIN", common::TEST_SYSCTL_DROPIN)
-        .output()
-        .await
-        .expect("unshare(1) from util-linux")
+    let state = dir.join("state").display().to_string();
+    let names = Names {
+        hosts,
+        nsswitch,
+        resolv,
+    };
+    let docker_host = ("DOCKER_HOST", format!("tcp://{NAME}:{port}"));
+    berth_with(
+        dir,
+        &names,
+        &["--state-dir", &state, "status"],
+        &[docker_host],
+    )
+    .await
 }
 
 fn needs_root(test: &str) -> bool {
@@ -243,5 +272,138 @@ async fn berth_reaches_the_engine_by_a_name_from_dns() {
     assert!(
         relayed.load(Ordering::SeqCst) > 0,
         "berth never reached the relay"
+    );
+}
+
+/// An HTTPS server on 127.0.0.1 with a certificate for `name` (from the returned CA, PEM),
+/// answering 404 to every request and recording each request's line and Host header.
+async fn https_recorder(name: &str) -> (u16, String, Arc<Mutex<Vec<String>>>) {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca = CertifiedIssuer::self_signed(ca, KeyPair::generate().unwrap()).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let cert = CertificateParams::new(vec![name.to_string()])
+        .unwrap()
+        .signed_by(&key, &ca)
+        .unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(
+        vec![cert.der().clone()],
+        rustls::pki_types::PrivateKeyDer::Pkcs8(key.serialize_der().into()),
+    )
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let (acceptor, log) = (acceptor.clone(), log.clone());
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let mut head = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match tls.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&head).to_string();
+                let line = head.lines().next().unwrap_or_default().to_string();
+                let host = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("host: ").or(l.strip_prefix("Host: ")))
+                    .unwrap_or_default()
+                    .to_string();
+                log.lock().unwrap().push(format!("{line} host={host}"));
+                let _ = tls
+                    .write_all(
+                        b"HTTP/1.1 404 Not Found\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                    )
+                    .await;
+                let _ = tls.shutdown().await;
+            });
+        }
+    });
+    (port, ca.pem(), seen)
+}
+
+/// An ACME directory given by a name from /etc/hosts: berth's ACME client (hyper-util's
+/// resolver, as the engine client's) reaches it. The server is a recorder answering 404, so
+/// `berth up` fails to obtain the certificate, naming the directory, once it asked for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn berth_reaches_an_acme_directory_by_a_name_from_etc_hosts() {
+    use common::config::{table, Listener, Proxy, Route};
+    if !needs_root("berth_reaches_an_acme_directory_by_a_name_from_etc_hosts") {
+        return;
+    }
+    const ACME: &str = "berth-acme.test";
+    let (port, ca, asked) = https_recorder(ACME).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("ca.pem"), ca).unwrap();
+    let directory = format!("https://{ACME}:{port}/dir");
+    let acme = table([
+        ("domains", vec!["app.berth.test"].into()),
+        ("email", "ops@berth.test".into()),
+        ("directory", directory.clone().into()),
+        (
+            "ca_file",
+            dir.path().join("ca.pem").display().to_string().into(),
+        ),
+    ]);
+    let config = Proxy::test("names", common::TEST_IMAGE, 1)
+        .listener(Listener::http("web", common::free_port()).route(Route::direct("/", 200, "\n")))
+        .listener(
+            Listener::https("https", common::free_port(), table([("acme", acme)]))
+                .route(Route::direct("/", 200, "tls\n")),
+        )
+        .to_toml();
+    std::fs::write(dir.path().join("berth.toml"), config).unwrap();
+    common::fleet::ensure_images();
+    let cleanup = common::Cleanup::new("static_names");
+    let case = format!("{}={}", common::LABEL_TEST_CASE, cleanup.case);
+    let state = dir.path().join("state").display().to_string();
+    let names = Names {
+        hosts: &format!("127.0.0.1 localhost\n127.0.0.1 {ACME}\n"),
+        nsswitch: "hosts: files\n",
+        resolv: "nameserver 127.0.0.254\n",
+    };
+    let args = [
+        "-f",
+        "berth.toml",
+        "--state-dir",
+        &state,
+        "--container-label",
+        "io.berth.test=1",
+        "--container-label",
+        &case,
+        "up",
+    ];
+    let out = berth_with(dir.path(), &names, &args, &[]).await;
+    common::show("berth up", &out);
+    let asked = asked.lock().unwrap().clone();
+    eprintln!("the directory was asked: {asked:?}");
+    assert!(
+        asked
+            .iter()
+            .any(|r| r.starts_with("GET /dir ") && r.ends_with(&format!("host={ACME}:{port}"))),
+        "berth never asked {directory}: {asked:?}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains(&directory),
+        "up fails naming the directory: {}",
+        common::describe(&out)
     );
 }
