@@ -5,8 +5,8 @@ Run: scripts/bench.sh rollout      (prints a table; cleans up after itself)
      BENCH_ROLLOUTS=2 scripts/bench.sh rollout      (a short run)
      BENCH_BIG=0 scripts/bench.sh rollout           (without the 32-replica rollout)
 
-berth runs twice, with `max_surge = 1` (one replica after another) and with its default
-`max_surge`, beside compose, in one run. Then one 32-replica berth rollout at berth's default
+berth runs three times, with `max_surge = 1` (one replica after another), with its default
+`max_surge` and with "100%" (every replica in one wave), beside compose, in one run. Then one 32-replica berth rollout at berth's default
 settings (`min_ready` 2s, `min_drain_duration` 1s, default `max_surge`) under the same load:
 its time is reported (compose is not run at 32).
 
@@ -42,7 +42,7 @@ from common import (run_benchmark, BASE_PORT, CONCURRENCY, HostSysctls, bench_la
 
 ROLLOUTS = int(os.environ.get("BENCH_ROLLOUTS", "10"))
 BIG = int(os.environ.get("BENCH_BIG", "32"))   # replicas of the one rollout at the defaults; 0: none
-SURGES = (1, None)                              # max_surge of berth's two runs; None: berth's default
+SURGES = (1, None, "100%")                      # max_surge of berth's runs; None: berth's default
 OLD, NEW = "berth/envoy:1.39.3", "berth/envoy:1.40.0"
 LABEL = bench_label("rollout")
 PROJECT = "bbrollout"

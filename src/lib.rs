@@ -45,6 +45,7 @@ pub mod readiness;
 pub mod render;
 pub mod replica;
 pub mod rollout;
+pub mod rollout_files;
 pub mod serve;
 pub mod source;
 pub mod state;

@@ -297,3 +297,111 @@ async fn canaries_roll_back_promote_and_survive_serve_restarting() {
     assert!(!record.exists(), "the hold is over");
     fleet.assert_serving(3, "1.40.0").await;
 }
+
+/// `berth rollout <args>` on the fleet's state directory.
+async fn rollout(fleet: &Fleet, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["rollout"];
+    all.extend_from_slice(args);
+    let out = fleet.berth(&all).output().await.unwrap();
+    common::show("berth rollout", &out);
+    out
+}
+
+/// `berth up` in the background, once the hold it starts is recorded.
+async fn up_until_holding(fleet: &Fleet) -> tokio::task::JoinHandle<std::process::Output> {
+    let child = fleet
+        .berth(&["--output", "json", "up"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let up = tokio::spawn(async move { child.wait_with_output().await.unwrap() });
+    let record = fleet
+        .state()
+        .join("proxies")
+        .join(PROXY)
+        .join("rollout.json");
+    for _ in 0..600 {
+        let out = rollout(fleet, &["--output", "json", "status"]).await;
+        let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        if record.exists() && rows[0]["phase"] == "canary" {
+            return up;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("no canary hold recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollout_pause_resume_promote_and_undo() {
+    let _serial = SERIAL.lock().await;
+    let mut s = canary_settings(NEW, "10m");
+    let (fleet, _) = Fleet::up_on("steer", &s).await;
+    let per_request = Load::start_per_request(
+        fleet.port,
+        "/",
+        PER_REQUEST_CLIENTS,
+        Duration::from_secs(300),
+    );
+    let keep_alive = fleet.load();
+    settle().await;
+
+    // pause, resume, promote: a 10-minute hold ends by hand, and the rest rolls.
+    s.image = OLD;
+    fleet.write(&s);
+    let up = up_until_holding(&fleet).await;
+    assert!(rollout(&fleet, &["pause"]).await.status.success());
+    let out = rollout(&fleet, &["--output", "json", "status", PROXY]).await;
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(rows[0]["phase"], "paused", "{rows}");
+    assert!(rollout(&fleet, &["resume"]).await.status.success());
+    let promoted = rollout(&fleet, &["promote", PROXY]).await;
+    assert!(
+        String::from_utf8_lossy(&promoted.stdout).contains("promoted"),
+        "{promoted:?}"
+    );
+    let out = up.await.unwrap();
+    assert!(out.status.success(), "{}", stderr(&out));
+    let msgs = messages(&out, "canary-promoted");
+    assert!(
+        msgs.len() == 1 && msgs[0].starts_with("promoted by hand"),
+        "{msgs:?}"
+    );
+    assert_eq!(messages(&out, "canary-paused").len(), 1);
+    fleet.assert_serving(3, "1.39.3").await;
+
+    // undo: the canary drains, up fails, and the next pass keeps the previous spec.
+    let before = fleet.ids().await;
+    s.image = NEW;
+    fleet.write(&s);
+    let up = up_until_holding(&fleet).await;
+    assert!(rollout(&fleet, &["undo"]).await.status.success());
+    let out = up.await.unwrap();
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(stderr(&out).contains("undone by hand"), "{}", stderr(&out));
+    assert_eq!(fleet.ids().await, before);
+    let out = fleet.up().await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(messages(&out, "held").len(), 1, "{:?}", events(&out));
+    assert_eq!(
+        fleet.ids().await,
+        before,
+        "the undone spec is not rolled again"
+    );
+    let out = rollout(&fleet, &["--output", "json", "status", PROXY]).await;
+    let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(rows[0]["undone"].is_string(), "{rows}");
+    assert_eq!(
+        rollout(&fleet, &["undo"]).await.status.code(),
+        Some(1),
+        "nothing is rolling"
+    );
+
+    settle().await;
+    assert_no_failures("steered rollouts, keep-alive", &keep_alive.stop().await);
+    assert_no_failures(
+        "steered rollouts, a connection per request",
+        &per_request.stop().await,
+    );
+    fleet.assert_serving(3, "1.39.3").await;
+}

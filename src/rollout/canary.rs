@@ -74,18 +74,44 @@ fn round(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs())
 }
 
-/// A canary in its hold, as recorded in the proxy's `rollout.json`: what a restarted berth
-/// needs to resume the hold where it was, with the same baseline.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct CanaryRecord {
-    /// The spec hash the canaries run.
+/// A rollout under way, as recorded in the proxy's `rollout.json` by whoever runs it (`up` or
+/// serve): what `berth rollout status` shows, and what a restarted berth needs to resume a
+/// canary's hold where it was, with the same baseline.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+pub struct RolloutRecord {
+    /// The spec hash the rollout goes to.
     pub to_hash: String,
-    /// Names (as recorded: their run directories) of the canary containers, by slot.
-    pub canaries: Vec<(u32, String)>,
-    /// When the hold began, seconds since the Unix epoch.
+    /// When it (or the canaries' hold) began, seconds since the Unix epoch.
     pub started_at: u64,
+    /// The canaries in their hold, (slot, name as recorded: their run directories); empty
+    /// when no canary holds (the waves).
+    #[serde(default)]
+    pub canaries: Vec<(u32, String)>,
+    /// The hold's length, seconds.
+    #[serde(default)]
+    pub hold_secs: u64,
     /// The canaries' and the old replicas' counters when the hold began, by run name.
+    #[serde(default)]
     pub start: Vec<(String, Sample)>,
+    /// Seconds the hold spent paused, and since when it is paused now.
+    #[serde(default)]
+    pub paused_secs: u64,
+    #[serde(default)]
+    pub paused_at: Option<u64>,
+    /// The latest word: the hold's decision with its numbers, or the waves' progress.
+    #[serde(default)]
+    pub last: String,
+}
+
+impl RolloutRecord {
+    /// How long the hold has run at `now` (seconds since the epoch), paused time left out.
+    pub fn held(&self, now: u64) -> Duration {
+        let paused_now = self.paused_at.map_or(0, |p| now.saturating_sub(p));
+        Duration::from_secs(
+            now.saturating_sub(self.started_at)
+                .saturating_sub(self.paused_secs + paused_now),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -117,6 +143,25 @@ mod tests {
         assert!(
             matches!(&d, Decision::Promote(w) if w.contains("after 5m")),
             "{d:?}"
+        );
+    }
+
+    #[test]
+    fn paused_time_does_not_count() {
+        let r = RolloutRecord {
+            started_at: 100,
+            paused_secs: 10,
+            paused_at: Some(150),
+            ..RolloutRecord::default()
+        };
+        assert_eq!(r.held(160), Duration::from_secs(40));
+        assert_eq!(
+            RolloutRecord {
+                paused_at: None,
+                ..r
+            }
+            .held(160),
+            Duration::from_secs(50)
         );
     }
 

@@ -6,16 +6,17 @@
 //! numbers.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use super::execute::Run;
 use crate::engine::{ObservedContainer, RunState};
 use crate::infrastructure::ConvergeError;
 use crate::plan::ContainerRef;
 use crate::progress::Event;
-use crate::rollout::canary::{decide, Canary, CanaryRecord, Decision};
+use crate::rollout::canary::{decide, Canary, Decision, RolloutRecord};
 use crate::rollout::Sample;
+pub(super) use crate::rollout_files::now_secs;
+use crate::rollout_files::{Request, RolloutFiles};
 use crate::target::Target;
 
 /// How often a holding canary is looked at.
@@ -25,24 +26,13 @@ const SAY_EVERY: Duration = Duration::from_secs(30);
 /// Timeout of one admin call while holding.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// The file a proxy's canary hold is recorded in.
-pub(super) fn record_path(run: &Run<'_>, proxy: &str) -> PathBuf {
-    run.state.proxy(proxy).root().join("rollout.json")
-}
-
-pub(super) fn read_record(run: &Run<'_>, proxy: &str) -> Option<CanaryRecord> {
-    let text = std::fs::read_to_string(record_path(run, proxy)).ok()?;
-    serde_json::from_str(&text).ok()
+/// The rollout files of `proxy` in this host's state directory.
+pub(super) fn files(run: &Run<'_>, proxy: &str) -> RolloutFiles {
+    RolloutFiles::new(run.state.root(), proxy)
 }
 
 pub(super) fn forget_record(run: &Run<'_>, proxy: &str) {
-    let _ = std::fs::remove_file(record_path(run, proxy));
-}
-
-fn now_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs())
+    files(run, proxy).forget();
 }
 
 /// How a hold ended.
@@ -61,16 +51,17 @@ impl Run<'_> {
         canary: &Canary,
         canaries: &[(u32, String)],
         olds: &[String],
-        resumed: Option<CanaryRecord>,
+        resumed: Option<RolloutRecord>,
     ) -> Result<Held, ConvergeError> {
         let admin = |run: &str| self.host.admin(proxy, run, ADMIN_TIMEOUT);
-        let record = match resumed {
+        let files = files(self, proxy);
+        let mut record = match resumed {
             Some(r) => {
                 self.reporter
                     .event(Event::new(proxy, "canary-resumed").message(format!(
-                        "hold of {} canary replica(s) resumed, {}s after it began",
+                        "hold of {} canary replica(s) resumed, {}s into it",
                         r.canaries.len(),
-                        now_secs().saturating_sub(r.started_at)
+                        r.held(now_secs()).as_secs()
                     )));
                 r
             }
@@ -82,14 +73,15 @@ impl Run<'_> {
                         .unwrap_or_default();
                     start.push((run.clone(), s));
                 }
-                let r = CanaryRecord {
+                let r = RolloutRecord {
                     to_hash: to_hash.to_string(),
-                    canaries: canaries.to_vec(),
                     started_at: now_secs(),
+                    canaries: canaries.to_vec(),
+                    hold_secs: canary.hold.as_secs(),
                     start,
+                    ..RolloutRecord::default()
                 };
-                let json = serde_json::to_vec_pretty(&r).unwrap_or_default();
-                crate::state::write_atomic(&record_path(self, proxy), &json, 0o600)?;
+                files.write(&r)?;
                 self.reporter
                     .event(Event::new(proxy, "canary").message(format!(
                         "holding {} canary replica(s) beside {} old one(s) for {}",
@@ -100,8 +92,7 @@ impl Run<'_> {
                 r
             }
         };
-        let start: BTreeMap<&str, Sample> =
-            record.start.iter().map(|(n, s)| (n.as_str(), *s)).collect();
+        let start: BTreeMap<String, Sample> = record.start.iter().cloned().collect();
         let mut said = None::<tokio::time::Instant>;
         loop {
             if self.cancel.is_cancelled() {
@@ -109,12 +100,12 @@ impl Run<'_> {
                     proxy: proxy.to_string(),
                 });
             }
+            let since_start =
+                |run: &str, now: Sample| now.since(&start.get(run).copied().unwrap_or_default());
             let mut mine = Sample::default();
             for (slot, run) in canaries {
                 match crate::traffic::sample(admin(run).as_ref()).await {
-                    Ok(now) => {
-                        mine.add(&now.since(&start.get(run.as_str()).copied().unwrap_or_default()))
-                    }
+                    Ok(now) => mine.add(&since_start(run, now)),
                     Err(e) => {
                         return Ok(Held::RolledBack(format!(
                             "canary {proxy}/{slot} ({run}) stopped answering on its admin \
@@ -126,28 +117,70 @@ impl Run<'_> {
             let mut old = Sample::default();
             for run in olds {
                 if let Ok(now) = crate::traffic::sample(admin(run).as_ref()).await {
-                    old.add(&now.since(&start.get(run.as_str()).copied().unwrap_or_default()));
+                    old.add(&since_start(run, now));
                 }
             }
-            let elapsed = Duration::from_secs(now_secs().saturating_sub(record.started_at));
-            match decide(canary, elapsed, &mine, &old) {
-                Decision::Promote(why) => return Ok(Held::Promoted(why)),
-                Decision::RollBack(why) => {
+            let now = now_secs();
+            let elapsed = record.held(now);
+            let numbers = format!("canaries: {mine}; old replicas: {old}");
+            if files.take(Request::Undo) {
+                files.set_undone(to_hash)?;
+                return Ok(Held::RolledBack(format!(
+                    "undone by hand (berth rollout undo) after {}s of its hold; {numbers}",
+                    elapsed.as_secs()
+                )));
+            }
+            if files.take(Request::Promote) {
+                return Ok(Held::Promoted(format!(
+                    "promoted by hand (berth rollout promote) after {}s of its hold; {numbers}",
+                    elapsed.as_secs()
+                )));
+            }
+            let paused = files.paused();
+            let decision = match (paused, record.paused_at) {
+                (true, None) => {
+                    record.paused_at = Some(now);
+                    self.reporter
+                        .event(Event::new(proxy, "canary-paused").message(format!(
+                            "paused by hand after {}s; {numbers}",
+                            elapsed.as_secs()
+                        )));
+                    None
+                }
+                (true, Some(_)) => None,
+                (false, Some(at)) => {
+                    record.paused_secs += now.saturating_sub(at);
+                    record.paused_at = None;
+                    self.reporter
+                        .event(Event::new(proxy, "canary-unpaused").message(numbers.clone()));
+                    Some(decide(canary, record.held(now), &mine, &old))
+                }
+                (false, None) => Some(decide(canary, elapsed, &mine, &old)),
+            };
+            match decision {
+                Some(Decision::Promote(why)) => return Ok(Held::Promoted(why)),
+                Some(Decision::RollBack(why)) => {
                     return Ok(Held::RolledBack(format!(
                         "after {}s of its hold: {why}",
                         elapsed.as_secs()
                     )))
                 }
-                Decision::Hold(why) => {
+                Some(Decision::Hold(why)) => {
                     self.reporter.waiting(format!("{proxy}: canary: {why}"));
-                    let due = said.is_none_or(|t| t.elapsed() >= SAY_EVERY);
-                    if due {
+                    if said.is_none_or(|t| t.elapsed() >= SAY_EVERY) {
                         self.reporter
-                            .event(Event::new(proxy, "canary-holding").message(why));
+                            .event(Event::new(proxy, "canary-holding").message(why.clone()));
                         said = Some(tokio::time::Instant::now());
                     }
+                    record.last = why;
+                }
+                None => {
+                    record.last = format!("paused; {numbers}");
+                    self.reporter
+                        .waiting(format!("{proxy}: canary paused (berth rollout resume)"));
                 }
             }
+            let _ = files.write(&record);
             tokio::time::sleep(LOOK_EVERY).await;
         }
     }
@@ -166,7 +199,7 @@ impl Run<'_> {
     ) -> Result<Option<Vec<String>>, ConvergeError> {
         let name = target.name();
         let desired = &target.desired;
-        let Some(record) = read_record(self, name) else {
+        let Some(record) = files(self, name).read() else {
             return Ok(None);
         };
         let running = |c: &&ObservedContainer| c.state == RunState::Running;
@@ -202,4 +235,28 @@ impl Run<'_> {
             .await?;
         Ok(Some(partners.into_iter().map(|c| c.id).collect()))
     }
+}
+
+/// When `berth rollout undo` rolled `target`'s desired spec back: the spec its replicas stay
+/// on (the one most of them run), as a desired proxy to count readiness by.
+pub(super) fn held_spec(
+    run: &Run<'_>,
+    target: &Target,
+    observed: &[ObservedContainer],
+) -> Option<crate::replica::DesiredProxy> {
+    let desired = &target.desired;
+    if files(run, target.name()).undone()? != desired.hash {
+        return None;
+    }
+    let mut counts: BTreeMap<&str, usize> = BTreeMap::new();
+    for h in observed.iter().filter_map(|c| c.spec_hash()) {
+        *counts.entry(h).or_default() += 1;
+    }
+    let (held, _) = counts
+        .into_iter()
+        .filter(|(h, _)| *h != desired.hash)
+        .max_by_key(|(_, n)| *n)?;
+    let mut d = desired.clone();
+    d.hash = held.to_string();
+    Some(d)
 }

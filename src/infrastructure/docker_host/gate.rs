@@ -49,6 +49,8 @@ pub enum Gate {
     Traffic,
     /// A canary whose numbers during its hold were worse than the old replicas'.
     Canary,
+    /// `berth rollout undo` during the rollout.
+    Undone,
 }
 
 impl fmt::Display for Gate {
@@ -61,6 +63,7 @@ impl fmt::Display for Gate {
             Gate::MinReady => "stay ready for the minimum ready time",
             Gate::Traffic => "answer its traffic as well as its siblings",
             Gate::Canary => "pass its canary hold",
+            Gate::Undone => "start: the rollout was undone",
         })
     }
 }

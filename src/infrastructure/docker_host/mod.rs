@@ -283,6 +283,9 @@ impl Infrastructure for DockerHost {
             run.prune(target).await?;
         }
         // Nothing changed since the facts were probed: their probes are the readiness.
+        // A spec `berth rollout undo` rolled back from is held: readiness is the held spec's.
+        let held = canary::held_spec(&run, target, &observed);
+        let desired = held.as_ref().unwrap_or(desired);
         let readiness = if actions.is_empty() && matches!(delivery, Delivery::Unchanged) {
             observe::tally(desired, &observed, &probes)
         } else {

@@ -10,7 +10,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use super::canary::{forget_record, Held};
+use super::canary::{files, forget_record, now_secs, Held};
 use super::execute::{run_dir_name, Run};
 use super::gate::{Gate, GateFailure, Want};
 use super::traffic_gate::{Siblings, MAX_SIBLINGS};
@@ -18,8 +18,10 @@ use crate::engine::{ObservedContainer, RunState};
 use crate::infrastructure::ConvergeError;
 use crate::plan::{Action, ContainerRef};
 use crate::progress::Event;
+use crate::rollout::canary::RolloutRecord;
 use crate::rollout::surge::{self, Limit};
 use crate::rollout::Thresholds;
+use crate::rollout_files::{Request, RolloutFiles};
 use crate::target::Target;
 
 /// Timeout of one admin call to a sibling while judging traffic.
@@ -83,11 +85,59 @@ impl Run<'_> {
         if replacements.is_empty() {
             return Ok(0);
         }
+        let files = files(self, name);
+        match files.undone() {
+            Some(h) if h == desired.hash => {
+                self.reporter
+                    .event(Event::new(name, "held").message(format!(
+                    "the rollout to spec {} was undone (berth rollout undo): the replicas stay \
+                     on their spec until the config asks for another one",
+                    crate::replica::short_hash(&h)
+                )));
+                return Ok(0);
+            }
+            Some(_) => files.clear_undone(),
+            None => {}
+        }
         let surge = self.surge(target, observed, replacements.len());
+        let result = self
+            .replace_all(
+                target,
+                &replacements,
+                observed,
+                image_id,
+                want,
+                canary_done,
+                surge,
+            )
+            .await;
+        // A berth stopping mid-hold keeps the record: the next pass resumes the hold.
+        if !matches!(result, Err(ConvergeError::Cancelled { .. })) {
+            files.forget();
+        }
+        result
+    }
+
+    /// [`Self::replace_in_waves`] once the surge is known: the canary's hold if there is one,
+    /// then the waves; `berth rollout pause` and `undo` are honoured between waves.
+    #[allow(clippy::too_many_arguments)]
+    async fn replace_all(
+        &self,
+        target: &Target,
+        replacements: &[Replacement<'_>],
+        observed: &[ObservedContainer],
+        image_id: &str,
+        want: &Want,
+        canary_done: bool,
+        surge: usize,
+    ) -> Result<usize, ConvergeError> {
+        let name = target.name();
+        let desired = &target.desired;
+        let files = files(self, name);
         // (slot, new name, old hash) of each replacement done, for a rollback.
         let mut replaced: Vec<(u32, String, String)> = Vec::new();
         let mut retired: BTreeSet<String> = BTreeSet::new();
-        let mut rest: &[Replacement] = &replacements;
+        let mut rest: &[Replacement] = replacements;
         if let Some(canary) = desired.rollout.canary.filter(|_| !canary_done) {
             let (first, others) = rest.split_at((canary.replicas as usize).min(rest.len()));
             if let Err(failed) = self
@@ -119,11 +169,37 @@ impl Run<'_> {
             }
             rest = others;
         }
+        let mut record = RolloutRecord {
+            to_hash: desired.hash.clone(),
+            started_at: now_secs(),
+            ..RolloutRecord::default()
+        };
         for wave in rest.chunks(surge) {
-            if self.cancel.is_cancelled() {
-                return Err(ConvergeError::Cancelled {
+            record.last = format!(
+                "{} of {} replaced, {surge} at a time",
+                replaced.len(),
+                replacements.len()
+            );
+            let _ = files.write(&record);
+            self.wait_while_paused(name, &files).await?;
+            if files.take(Request::Undo) {
+                files.set_undone(&desired.hash)?;
+                let back = self.after_failure(target, &replaced, observed, surge).await;
+                return Err(GateFailure {
                     proxy: name.to_string(),
-                });
+                    slot: wave[0].slot,
+                    container: wave[0].new_name.to_string(),
+                    gate: Gate::Undone,
+                    reason: format!(
+                        "undone by hand (berth rollout undo) with {} of {} replaced",
+                        replaced.len(),
+                        replacements.len()
+                    ),
+                    why: Vec::new(),
+                    log_tail: String::new(),
+                    aftermath: back,
+                }
+                .into());
             }
             if let Err(failed) = self
                 .start_wave(target, wave, observed, &retired, image_id, want)
@@ -149,6 +225,32 @@ impl Run<'_> {
             }
         }
         Ok(replaced.len())
+    }
+
+    /// Waits while `berth rollout pause` holds the rollout (between two waves).
+    async fn wait_while_paused(
+        &self,
+        name: &str,
+        files: &RolloutFiles,
+    ) -> Result<(), ConvergeError> {
+        if !files.paused() {
+            return Ok(());
+        }
+        self.reporter.event(
+            Event::new(name, "paused").message("paused by hand; `berth rollout resume` goes on"),
+        );
+        while files.paused() {
+            if self.cancel.is_cancelled() {
+                return Err(ConvergeError::Cancelled {
+                    proxy: name.to_string(),
+                });
+            }
+            self.reporter
+                .waiting(format!("{name}: rollout paused (berth rollout resume)"));
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+        self.reporter.event(Event::new(name, "resumed"));
+        Ok(())
     }
 
     /// Starts and gates the new replicas of `wave` together, each judged against the old
