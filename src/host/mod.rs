@@ -1,3 +1,5 @@
+//! Layer host: the machine's kernel settings and [`preflight`]. May use: core.
+//!
 //! Host preparation (DESIGN decision 12): the kernel settings a fleet of replicas needs, set
 //! before any replica starts, kept across reboots, and refused with numbers when the host
 //! cannot hold the fleet.
@@ -17,6 +19,7 @@
 
 pub mod boot;
 pub mod inotify;
+pub mod preflight;
 pub mod sysctl;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,7 +125,7 @@ impl Settings {
             sysctls: Sysctls::default(),
             boot: boot::BootConfig::standard().with_dropin(&dropin),
             dropin,
-            replica_uid: crate::replica::replica_user().uid,
+            replica_uid: crate::core::replica::replica_user().uid,
             fleet_pids,
             user_processes: None,
         }

@@ -1,8 +1,12 @@
+//! Layer status: rows, records, [`metrics`]. May use: core, envoy, and the infrastructure
+//! seam's types (infra's mod.rs), never an implementation or the engine.
+//!
 //! What runs now: one row per replica (the infrastructure collects them, with the one
 //! readiness probe), and what `berth serve` records per proxy ([`record`]); the tables both
 //! are shown as.
 
 pub mod certificates;
+pub mod metrics;
 pub mod record;
 pub mod xds;
 
@@ -24,7 +28,7 @@ pub struct ReplicaStatus {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub service_node: Option<String>,
     pub state: RunState,
-    /// Ready by the one probe ([`crate::readiness`]): LIVE and every listener port bound.
+    /// Ready by the one probe ([`crate::envoy::readiness`]): LIVE and every listener port bound.
     pub ready: bool,
     /// Envoy's own `/ready` answer (LIVE, DRAINING, …), or "-" when it cannot answer.
     pub envoy: String,

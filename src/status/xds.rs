@@ -7,7 +7,7 @@ use std::fmt;
 use anyhow::{bail, Context, Result};
 use serde::Serialize;
 
-use crate::admin::AdminApi;
+use crate::envoy::admin::AdminApi;
 
 /// The replica's config from its xDS server, by its admin `/stats`.
 ///
@@ -38,7 +38,7 @@ pub async fn read(admin: &dyn AdminApi) -> Result<XdsConfig> {
     let (status, body) = admin
         .get(&format!(
             "/stats?format=json&filter={}",
-            crate::admin::percent_encode(FILTER)
+            crate::envoy::admin::percent_encode(FILTER)
         ))
         .await?;
     if status != 200 {
