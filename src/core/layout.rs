@@ -113,21 +113,10 @@ impl ProxyDirs {
     }
 }
 
-/// The default state directory (as root; see [`default_state_dir`]).
+/// The default state directory (as root; see [`crate::host::default_state_dir`]).
 pub const DEFAULT_STATE_DIR: &str = "/var/lib/berth";
 
-/// The state directory when neither `--state-dir` nor the config names one: [`DEFAULT_STATE_DIR`]
-/// for root, else the user's state directory, `$XDG_STATE_HOME/berth` (`~/.local/state/berth`
-/// without it), as for other per-user tools; a user cannot write /var/lib.
-pub fn default_state_dir() -> PathBuf {
-    default_state_dir_for(
-        crate::host::is_root(),
-        std::env::var_os("XDG_STATE_HOME"),
-        std::env::var_os("HOME"),
-    )
-}
-
-fn default_state_dir_for(
+pub fn default_state_dir_for(
     root: bool,
     xdg_state_home: Option<std::ffi::OsString>,
     home: Option<std::ffi::OsString>,

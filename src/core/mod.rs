@@ -6,12 +6,15 @@
 //!
 //! May use: nothing else of berth. Every other layer may use it.
 
+pub mod agent;
 pub mod backend_tls;
 pub mod certificates;
 pub mod crashpoint;
+pub mod expect;
 pub mod ir;
 pub mod layout;
 pub mod plan;
+pub mod policy;
 pub mod progress;
 pub mod render;
 pub mod replica;

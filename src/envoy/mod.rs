@@ -10,3 +10,4 @@ pub mod admin;
 pub mod drain;
 pub mod log;
 pub mod readiness;
+pub mod xds;

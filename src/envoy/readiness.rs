@@ -13,33 +13,21 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+pub use crate::core::expect::Expect;
 use crate::envoy::admin::{AdminApi, ReadyState};
 
 /// How long one probe's admin calls may take on a status path (the gate polls with its own).
 pub const STATUS_TIMEOUT: Duration = Duration::from_millis(1000);
 
-/// What a ready replica of a proxy must show.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
-pub struct Expect {
-    /// Every listener port the proxy declares (standalone: berth's listeners; xDS mode: the
-    /// ports of the IR's listeners, which Envoy Gateway pushes).
-    pub ports: Vec<u16>,
-    /// The address a port must be bound on, where it is not 0.0.0.0.
-    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub addresses: std::collections::BTreeMap<u16, std::net::IpAddr>,
-}
-
-impl Expect {
-    /// Whether `l` is the listener expected on `port`: that port, and the expected address
-    /// where Envoy reports one.
-    fn bound(&self, port: u16, l: &crate::envoy::admin::BoundListener) -> bool {
-        let want = self
-            .addresses
-            .get(&port)
-            .copied()
-            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-        l.port == port && l.address.is_none_or(|a| a == want)
-    }
+/// Whether `l` is the listener `expect`ed on `port`: that port, and the expected address
+/// where Envoy reports one.
+fn is_bound(expect: &Expect, port: u16, l: &crate::envoy::admin::BoundListener) -> bool {
+    let want = expect
+        .addresses
+        .get(&port)
+        .copied()
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
+    l.port == port && l.address.is_none_or(|a| a == want)
 }
 
 /// The verdict of one probe.
@@ -158,7 +146,7 @@ pub async fn probe(admin: &dyn AdminApi, expect: &Expect) -> Readiness {
                         .ports
                         .iter()
                         .copied()
-                        .filter(|p| !bound.iter().any(|l| expect.bound(*p, l)))
+                        .filter(|p| !bound.iter().any(|l| is_bound(expect, *p, l)))
                         .collect();
                     if missing.is_empty() {
                         Readiness::Ready

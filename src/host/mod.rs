@@ -1,4 +1,4 @@
-//! Layer host: the machine's kernel settings and [`preflight`]. May use: core.
+//! Layer host: the machine's kernel settings and [`preflight`]. May use: core, state (atomic writes).
 //!
 //! Host preparation (DESIGN decision 12): the kernel settings a fleet of replicas needs, set
 //! before any replica starts, kept across reboots, and refused with numbers when the host
@@ -574,6 +574,17 @@ pub fn apply(plan: Plan, settings: &Settings) -> Result<Prepared, Refusal> {
         }
     }
     Ok(done)
+}
+
+/// The state directory when neither `--state-dir` nor the config names one: [`crate::core::layout::DEFAULT_STATE_DIR`]
+/// for root, else the user's state directory, `$XDG_STATE_HOME/berth` (`~/.local/state/berth`
+/// without it), as for other per-user tools; a user cannot write /var/lib.
+pub fn default_state_dir() -> std::path::PathBuf {
+    crate::core::layout::default_state_dir_for(
+        is_root(),
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("HOME"),
+    )
 }
 
 pub fn is_root() -> bool {

@@ -12,7 +12,11 @@
 
 pub mod delivery;
 pub mod docker_host;
+mod replica_status;
 pub mod swarm;
+
+pub use crate::core::policy::{EngineKind, HostPolicy, SwarmSettings};
+pub use replica_status::ReplicaStatus;
 
 use std::collections::BTreeSet;
 use std::fmt;
@@ -29,7 +33,6 @@ use crate::core::target::Target;
 use crate::engine::EngineError;
 use crate::envoy::readiness::Readiness;
 use crate::infra::delivery::LiveRejected;
-use crate::status::ReplicaStatus;
 
 pub use docker_host::{Gate, GateFailure};
 
@@ -42,25 +45,6 @@ pub const COMMAND_OBSERVATION_REUSE: Duration = Duration::from_secs(10);
 pub enum Caller {
     Command,
     Serve,
-}
-
-/// Which infrastructure the config asks for (`engine` at the top of berth.toml).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum EngineKind {
-    /// berth rolls containers on the Docker host behind `DOCKER_HOST` (or the local socket).
-    #[default]
-    Docker,
-    /// A Swarm service per proxy, on the Swarm whose manager is that engine.
-    Swarm,
-}
-
-/// The top-level `[swarm]` of berth.toml: what every proxy on a Swarm shares.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-pub struct SwarmSettings {
-    /// `registry = "host[:port][/path]"`: where berth pushes the derived agent image so every
-    /// node can pull it (required on a Swarm of more than one node).
-    pub registry: Option<String>,
 }
 
 /// The one constructor of the infrastructure this berth runs on (DESIGN: like Envoy
@@ -309,7 +293,7 @@ pub trait Infrastructure: Send + Sync {
     async fn prepare(
         &self,
         fleet: &[Target],
-        policy: crate::ops::HostPolicy,
+        policy: crate::core::policy::HostPolicy,
     ) -> Result<HostPreparation, ConvergeError>;
 
     /// Every proxy this berth has something of: replicas, or state.

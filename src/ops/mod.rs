@@ -8,6 +8,8 @@
 
 pub mod acme;
 
+pub use crate::core::policy::HostPolicy;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,29 +20,11 @@ use tokio_util::sync::CancellationToken;
 use crate::core::plan::Plan;
 use crate::core::progress::Reporter;
 use crate::core::target::Target;
+use crate::infra::ReplicaStatus;
 use crate::infra::{ConvergeError, ConvergeRequest, Converged, HostPreparation, Infrastructure};
-use crate::status::ReplicaStatus;
 
 /// Proxies `up` converges at once.
 const PROXIES_AT_ONCE: usize = 16;
-
-/// How an entry point wants the host treated.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct HostPolicy {
-    /// `tune_host`: berth may change host settings (as root).
-    pub tune: bool,
-    /// Start even when the fleet's memory limits exceed the host's memory.
-    pub force_memory: bool,
-}
-
-impl Default for HostPolicy {
-    fn default() -> Self {
-        HostPolicy {
-            tune: true,
-            force_memory: false,
-        }
-    }
-}
 
 /// How fresh the image IDs of proxies with pull policy "always" must be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

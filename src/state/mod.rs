@@ -1,4 +1,4 @@
-//! Layer state: the state directory and its one-writer [`lock`]. May use: core, host.
+//! Layer state: the state directory and its one-writer [`lock`]. May use: core.
 //!
 //! berth's state directory: the rendered files per proxy and per bootstrap generation, written
 //! atomically (temp file, fsync, rename) so a crash at any point leaves whole files behind.

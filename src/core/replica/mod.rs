@@ -112,8 +112,8 @@ impl DesiredProxy {
     }
 
     /// What a ready replica of this proxy shows: every listener port bound.
-    pub fn expect(&self) -> crate::envoy::readiness::Expect {
-        crate::envoy::readiness::Expect {
+    pub fn expect(&self) -> crate::core::expect::Expect {
+        crate::core::expect::Expect {
             ports: self.spec.ports.clone(),
             addresses: self.spec.addresses.clone(),
         }

@@ -57,9 +57,9 @@ pub struct Config {
     /// (`net.ipv4.tcp_migrate_req=1`) when it runs as root.
     pub tune_host: bool,
     /// `engine`: this Docker host (default) or the Swarm its engine manages.
-    pub engine: crate::infra::EngineKind,
+    pub engine: crate::core::policy::EngineKind,
     /// `[swarm]`: settings every proxy on a Swarm shares (the registry of the agent image).
-    pub swarm: crate::infra::SwarmSettings,
+    pub swarm: crate::core::policy::SwarmSettings,
     /// Every proxy: `[[proxy]]`s, then those of `[envoy_gateway] ir_files`.
     pub infra: ir::Infra,
     /// `[envoy_gateway]`: the xDS defaults for EG-driven proxies and the remote provider's

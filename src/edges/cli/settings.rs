@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use super::{BadInput, Cli, Output};
-use crate::core::layout::default_state_dir;
 use crate::core::progress::{Mode, Reporter};
 use crate::core::render::Renderer;
 use crate::core::source::file::{self, Config};
 use crate::core::target::{self, Target};
+use crate::host::default_state_dir;
 use crate::infra::{Caller, EngineKind};
 use crate::ops::acme::Placeholders;
 use crate::ops::Operations;

@@ -40,11 +40,11 @@ use anyhow::{Context, Result};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::core::layout::default_state_dir;
 use crate::core::progress::Mode;
 use crate::core::render::Renderer;
 use crate::core::source::file::{self, Config, ServeSection};
 use crate::core::target::{self, Target};
+use crate::host::default_state_dir;
 use crate::infra::Caller;
 use crate::ops::{HostPolicy, Operations};
 use crate::state::StateDir;

@@ -146,7 +146,7 @@ pub struct ReplicaStatus {
     pub observed_generation: Option<u64>,
     /// xDS mode: the version it accepted from the xDS server and the updates it rejected.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub xds: Option<crate::status::xds::XdsConfig>,
+    pub xds: Option<crate::envoy::xds::XdsConfig>,
 }
 
 #[derive(Debug, Serialize)]

@@ -321,7 +321,7 @@ impl Run<'_> {
     /// log says nothing about an xDS server that refuses its client certificate.
     async fn xds_hint(&self, proxy: &str, run_name: &str) -> String {
         let admin = self.host.admin(proxy, run_name, ADMIN_TIMEOUT);
-        match crate::status::xds::read(admin.as_ref()).await {
+        match crate::envoy::xds::read(admin.as_ref()).await {
             Ok(x) if !x.connected => "; it has no stream to its xDS server: is the server \
                 reachable from this host, and does it trust the client certificate (and the \
                 replica the server's)?"

@@ -45,8 +45,8 @@ use crate::core::replica::{LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE};
 use crate::core::target::Target;
 use crate::engine::{ContainerEngine, LabelFilter, ObservedContainer};
 use crate::envoy::admin::AdminConnector;
+use crate::infra::ReplicaStatus;
 use crate::state::StateDir;
-use crate::status::ReplicaStatus;
 
 /// Time Envoy gets to exit after SIGTERM when it could not be drained.
 const STOP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -138,7 +138,7 @@ impl Infrastructure for DockerHost {
     async fn prepare(
         &self,
         fleet: &[Target],
-        policy: crate::ops::HostPolicy,
+        policy: crate::core::policy::HostPolicy,
     ) -> Result<crate::infra::HostPreparation, ConvergeError> {
         self.prepare_host(fleet, policy).await
     }

@@ -13,8 +13,8 @@ use crate::engine::{LabelFilter, ObservedContainer, RunState};
 use crate::envoy::admin::AdminApi;
 use crate::envoy::readiness::{self, Expect, NotReady, Readiness};
 use crate::infra::delivery;
+use crate::infra::ReplicaStatus;
 use crate::infra::{ConvergeError, ProxyReadiness};
-use crate::status::ReplicaStatus;
 
 /// Where a command keeps its [`ObservationCache`], in the state directory.
 pub const OBSERVATION_CACHE_FILE: &str = "observed.json";
@@ -337,7 +337,7 @@ impl DockerHost {
                         delivery::observed_generation(admin.as_ref(), subs),
                         async {
                             if xds_mode {
-                                crate::status::xds::read(admin.as_ref()).await.ok()
+                                crate::envoy::xds::read(admin.as_ref()).await.ok()
                             } else {
                                 None
                             }

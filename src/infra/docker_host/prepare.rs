@@ -9,10 +9,10 @@ use tokio::task::JoinHandle;
 
 use super::DockerHost;
 use crate::core::ir::Infra;
+use crate::core::policy::HostPolicy;
 use crate::core::target::Target;
 use crate::host::preflight;
 use crate::infra::{ConvergeError, HostPreparation};
-use crate::ops::HostPolicy;
 
 impl DockerHost {
     pub(super) async fn prepare_host(

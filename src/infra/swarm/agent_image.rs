@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::agent_binary as binary;
-use crate::edges::agent::AGENT_PATH;
+use crate::core::agent::AGENT_PATH;
 use crate::engine::{ContainerEngine, ImageBuild};
 
 /// The repository of derived images.
@@ -131,7 +131,7 @@ fn dockerfile(base_id: &str, entrypoint: &[String]) -> Result<String> {
         "--".into(),
     ];
     run.extend(entrypoint.iter().cloned());
-    let health = crate::edges::agent::HEALTHCHECK_TEST[1..].to_vec();
+    let health = crate::core::agent::HEALTHCHECK_TEST[1..].to_vec();
     Ok(format!(
         "FROM {base_id}\n\
          COPY berth-agent {AGENT_PATH}\n\

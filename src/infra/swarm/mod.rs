@@ -37,8 +37,8 @@ use crate::core::progress::{Event, Reporter};
 use crate::core::replica::{LABEL_MANAGED_BY, LABEL_SPEC_HASH, LABEL_STATE_DIR, MANAGED_BY_VALUE};
 use crate::core::target::Target;
 use crate::engine::{ContainerEngine, DockerEngine};
+use crate::infra::ReplicaStatus;
 use crate::state::StateDir;
-use crate::status::ReplicaStatus;
 use service::{Entrypoint, ServicePlan, LABEL_SWARM};
 
 /// How often an update's progress is polled.
@@ -316,16 +316,16 @@ impl Swarm {
         let version = config_version(target);
         Entrypoint::Agent(service::AgentSettings {
             image,
-            env: crate::edges::agent::service_env(
+            env: crate::core::agent::service_env(
                 &target.desired.shutdown,
                 &target.desired.expect(),
                 &version,
             ),
-            health_test: crate::edges::agent::HEALTHCHECK_TEST
+            health_test: crate::core::agent::HEALTHCHECK_TEST
                 .iter()
                 .map(|s| s.to_string())
                 .collect(),
-            stop_grace_period: crate::edges::agent::stop_grace_period(&target.desired.shutdown),
+            stop_grace_period: crate::core::agent::stop_grace_period(&target.desired.shutdown),
         })
     }
 
@@ -599,7 +599,7 @@ impl Infrastructure for Swarm {
     async fn prepare(
         &self,
         fleet: &[Target],
-        policy: crate::ops::HostPolicy,
+        policy: crate::core::policy::HostPolicy,
     ) -> Result<HostPreparation, ConvergeError> {
         // The manager's own kernel settings (tcp_migrate_req above all); other nodes are the
         // operator's (README: multi-node). Ports are held by the services' own tasks, so there

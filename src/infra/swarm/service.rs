@@ -214,7 +214,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
             // Each task's Envoy its own node id: Swarm expands templates in the environment
             // (not in arguments), and the agent puts it into Envoy's `--service-node`.
             env.insert(
-                crate::edges::agent::ENV_SERVICE_NODE.to_string(),
+                crate::core::agent::ENV_SERVICE_NODE.to_string(),
                 "{{.Task.Name}}".to_string(),
             );
             let ns = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);

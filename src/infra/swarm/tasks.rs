@@ -14,8 +14,8 @@ use crate::core::plan::ContainerRef;
 use crate::core::replica::{short_hash, LABEL_SPEC_HASH};
 use crate::core::target::Target;
 use crate::engine::RunState;
+use crate::infra::ReplicaStatus;
 use crate::infra::{ConvergeError, Gate, GateFailure};
-use crate::status::ReplicaStatus;
 
 /// How long removing a service may take until its tasks are gone (each drains first).
 const REMOVE_TIMEOUT: Duration = Duration::from_secs(180);
@@ -61,7 +61,7 @@ impl TaskView {
         let id = t.id.clone().unwrap_or_default();
         let with_agent = container.and_then(|c| c.env.as_ref()).is_some_and(|env| {
             env.iter()
-                .any(|e| e.starts_with(&format!("{}=", crate::edges::agent::ENV_SERVICE_NODE)))
+                .any(|e| e.starts_with(&format!("{}=", crate::core::agent::ENV_SERVICE_NODE)))
         });
         // Swarm's own naming of the task (moby's naming.Task), which the template expands to.
         let service_node = if with_agent {

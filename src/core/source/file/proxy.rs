@@ -52,8 +52,8 @@ const PROXY_KEYS: &[&str] = &[
 pub(super) struct Root {
     pub state_dir: Option<PathBuf>,
     pub tune_host: bool,
-    pub engine: crate::infra::EngineKind,
-    pub swarm: crate::infra::SwarmSettings,
+    pub engine: crate::core::policy::EngineKind,
+    pub swarm: crate::core::policy::SwarmSettings,
     pub infra: ir::Infra,
     pub envoy_gateway: Option<EnvoyGateway>,
     pub serve: super::serve::ServeSection,

@@ -3,7 +3,7 @@
 use super::check::show;
 use super::doc::{self, Ctx, Tbl};
 use crate::core::ir;
-use crate::infra::EngineKind;
+use crate::core::policy::EngineKind;
 
 const SWARM_KEYS: &[&str] = &["mode", "constraints"];
 const ROOT_SWARM_KEYS: &[&str] = &["registry"];
@@ -40,8 +40,12 @@ pub(super) fn engine(cx: &mut Ctx, t: &Tbl) -> EngineKind {
 }
 
 /// The top-level `[swarm]`: `registry = "host[:port][/path]"` (only with engine = "swarm").
-pub(super) fn settings(cx: &mut Ctx, t: &Tbl, engine: EngineKind) -> crate::infra::SwarmSettings {
-    let mut out = crate::infra::SwarmSettings::default();
+pub(super) fn settings(
+    cx: &mut Ctx,
+    t: &Tbl,
+    engine: EngineKind,
+) -> crate::core::policy::SwarmSettings {
+    let mut out = crate::core::policy::SwarmSettings::default();
     let Some(s) = t.sub(cx, "swarm", ROOT_SWARM_KEYS) else {
         return out;
     };
