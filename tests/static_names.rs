@@ -10,7 +10,10 @@
 //! changed): with DOCKER_HOST=tcp://NAME:PORT, NAME resolved once from a hosts file and once
 //! from a DNS server started here, PORT a TCP relay to the Docker socket that counts
 //! connections (`berth status` exits 0 only if it reached the real engine through the name);
-//! and `berth up` with an ACME directory given by a name from the hosts file.
+//! and `berth up` with an ACME directory given by a name from the hosts file. A fleet whose
+//! image comes from a registry named `localhost` (berth finds its credentials by that name, the
+//! engine resolves it) and whose backend is `localhost:PORT` (Envoy resolves it) shows the
+//! names berth hands on.
 
 mod common;
 
@@ -405,5 +408,95 @@ async fn berth_reaches_an_acme_directory_by_a_name_from_etc_hosts() {
         !out.status.success() && err.contains(&directory),
         "up fails naming the directory: {}",
         common::describe(&out)
+    );
+}
+
+/// A tiny HTTP/1.1 server on 127.0.0.1 answering `body` to every request.
+async fn http_backend(body: &'static str) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let mut head = Vec::new();
+                loop {
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                    if head.windows(4).any(|w| w == b"\r\n\r\n") {
+                        head.clear();
+                        let answer = format!(
+                            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n{body}",
+                            body.len()
+                        );
+                        if tcp.write_all(answer.as_bytes()).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_from_a_registry_and_a_backend_given_by_name_serve() {
+    use common::config::{Backend, Listener, Proxy, Route};
+    use common::registry::{Registry, REGISTRY};
+    for tool in [REGISTRY, "/usr/bin/htpasswd"] {
+        if !Path::new(tool).exists() {
+            return common::skip(
+                "an_image_from_a_registry_and_a_backend_given_by_name_serve",
+                &format!("{tool} is missing (.ci/run installs docker-registry and apache2-utils)"),
+            );
+        }
+    }
+    common::fleet::ensure_images();
+    let registry = Registry::start_as("localhost");
+    let login = registry.login();
+    registry.push(common::TEST_IMAGE, login.path());
+    let backend = http_backend("from the backend by name\n").await;
+    let fleet = common::fleet::Fleet::new("static_names").await;
+    fleet.write_toml(
+        &Proxy::test("byname", &registry.image, 1)
+            .listener(Listener::http("web", fleet.port).route(Route::backend("/", "api")))
+            .backend(Backend::new("api", &[format!("localhost:{backend}")]))
+            .to_toml(),
+    );
+    let out = fleet
+        .berth(&["up"])
+        .env("DOCKER_CONFIG", login.path())
+        .output()
+        .await
+        .unwrap();
+    common::show("berth up", &out);
+    assert_eq!(out.status.code(), Some(0), "{}", common::describe(&out));
+    let replicas = fleet.replicas().await;
+    assert_eq!(replicas.len(), 1);
+    let inspect = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{.Config.Image}}", &replicas[0].id])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&inspect.stdout).trim(),
+        registry.image,
+        "the replica runs the image pulled from the registry by its name"
+    );
+    let mut tcp = tokio::net::TcpStream::connect(("127.0.0.1", fleet.port))
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcp.write_all(b"GET / HTTP/1.1\r\nhost: byname\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(
+        answer.starts_with("HTTP/1.1 200") && answer.ends_with("from the backend by name\n"),
+        "through the proxy to localhost:{backend}: {answer}"
     );
 }

@@ -2,6 +2,7 @@
 //! (flock(2), released when the file closes, also when the test process dies).
 
 use std::os::fd::AsRawFd;
+use std::path::Path;
 
 pub const DIR: &str = "/tmp/berth-locks";
 
@@ -68,7 +69,7 @@ impl FileLock {
     }
 }
 
-/// The processes holding a flock on `path` (from /proc/locks).
+/// The processes that took a flock on `path` (from /proc/locks).
 fn holder_pids(path: &str) -> Vec<u32> {
     use std::os::unix::fs::MetadataExt;
     let Ok(meta) = std::fs::metadata(path) else {
@@ -88,10 +89,51 @@ fn holder_pids(path: &str) -> Vec<u32> {
         .collect()
 }
 
-/// "pid N (command line)" for each holder of a flock on `path`.
+/// "pid N (command line)" for each holder of a flock on `path`. /proc/locks names the process
+/// that took the lock, but with flock(1) on an inherited descriptor (`flock -n 9` in a script)
+/// that one exits at once and the lock stays with whoever shares the descriptor: so the holders
+/// are the processes with the file open, but for this one, the waiters and their parents.
 pub fn holders(path: &str) -> Vec<String> {
-    holder_pids(path)
+    use std::os::unix::fs::MetadataExt;
+    let Ok(inode) = std::fs::metadata(path).map(|m| m.ino().to_string()) else {
+        return Vec::new();
+    };
+    let ppid = |pid: u32| -> u32 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        stat.rsplit(')')
+            .next()
+            .and_then(|rest| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse().ok())
+            .unwrap_or(1)
+    };
+    let locks = std::fs::read_to_string("/proc/locks").unwrap_or_default();
+    let mut skip = vec![std::process::id()];
+    for l in locks.lines() {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        if f.get(1) == Some(&"->") && f.get(6).and_then(|d| d.rsplit(':').next()) == Some(&inode) {
+            if let Some(pid) = f.get(5).and_then(|p| p.parse().ok()) {
+                skip.extend([pid, ppid(pid)]);
+            }
+        }
+    }
+    let mut pids: Vec<u32> = std::fs::read_dir("/proc")
         .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| !skip.contains(pid))
+        .filter(|pid| {
+            std::fs::read_dir(format!("/proc/{pid}/fd"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|t| t == Path::new(path)))
+        })
+        .collect();
+    if pids.is_empty() {
+        pids = holder_pids(path);
+    }
+    pids.into_iter()
         .map(|pid| {
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
