@@ -112,7 +112,8 @@ impl Run<'_> {
             )
             .await;
         // A berth stopping mid-hold keeps the record: the next pass resumes the hold.
-        if !matches!(result, Err(ConvergeError::Cancelled { .. })) {
+        let cancelled = matches!(result, Err(ConvergeError::Cancelled { .. }));
+        if !(cancelled && files.read().is_some_and(|r| !r.canaries.is_empty())) {
             files.forget();
         }
         result
@@ -180,6 +181,11 @@ impl Run<'_> {
                 replaced.len(),
                 replacements.len()
             );
+            if self.cancel.is_cancelled() {
+                return Err(ConvergeError::Cancelled {
+                    proxy: name.to_string(),
+                });
+            }
             let _ = files.write(&record);
             self.wait_while_paused(name, &files).await?;
             if files.take(Request::Undo) {
