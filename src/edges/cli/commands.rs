@@ -109,12 +109,13 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "summary": plan.summary(),
                 "actions": plan.actions,
+                "live": plan.live,
                 "notes": plan.notes,
             }))?
         );
         return Ok(());
     }
-    if plan.is_empty() {
+    if plan.changes_nothing() {
         println!(
             "No changes. {} proxies are up to date.",
             resolved.targets.len()
@@ -125,10 +126,13 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
     for action in &plan.actions {
         println!("  {action}");
     }
+    for update in &plan.live {
+        println!("  {update}");
+    }
     for note in &plan.notes {
         println!("  {note}");
     }
-    println!("\n{}", plan.summary());
+    println!("\n{}", plan.summary_line());
     Ok(())
 }
 
