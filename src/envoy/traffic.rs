@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use anyhow::{bail, Result};
 
-use crate::envoy::admin::{parse_stats, percent_encode, AdminApi};
 use crate::core::rollout::Sample;
+use crate::envoy::admin::{parse_stats, percent_encode, AdminApi};
 
 /// The counters a [`Sample`] is made of, as one `/stats` filter.
 const FILTER: &str = r"^(http\.[^.]+\.downstream_rq_(completed|5xx|tx_reset)|cluster\.[^.]+\.upstream_cx_connect_fail)$";

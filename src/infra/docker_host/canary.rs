@@ -9,15 +9,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use super::execute::Run;
-use crate::engine::{ObservedContainer, RunState};
-use crate::infra::ConvergeError;
 use crate::core::plan::ContainerRef;
 use crate::core::progress::Event;
 use crate::core::rollout::canary::{decide, Canary, Decision, RolloutRecord};
 use crate::core::rollout::Sample;
+use crate::core::target::Target;
+use crate::engine::{ObservedContainer, RunState};
+use crate::infra::ConvergeError;
 pub(super) use crate::state::rollout::now_secs;
 use crate::state::rollout::{Request, RolloutFiles};
-use crate::core::target::Target;
 
 /// How often a holding canary is looked at.
 const LOOK_EVERY: Duration = Duration::from_secs(1);

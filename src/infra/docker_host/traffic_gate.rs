@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::envoy::admin::AdminApi;
 use crate::core::rollout::judge::{judge, Sample, Thresholds, Verdict};
+use crate::envoy::admin::AdminApi;
 
 /// How often the numbers are read while the gate waits: a replica answering only errors fails
 /// within this of reaching the threshold, not only at the end of `min_ready`.
@@ -83,7 +83,9 @@ impl<'a> TrafficWatch<'a> {
 }
 
 async fn read_all(admins: &[Arc<dyn AdminApi>]) -> Vec<Option<Sample>> {
-    let reads = admins.iter().map(|a| crate::envoy::traffic::sample(a.as_ref()));
+    let reads = admins
+        .iter()
+        .map(|a| crate::envoy::traffic::sample(a.as_ref()));
     futures_util::future::join_all(reads)
         .await
         .into_iter()

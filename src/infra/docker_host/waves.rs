@@ -14,15 +14,15 @@ use super::canary::{files, forget_record, now_secs, Held};
 use super::execute::{run_dir_name, Run};
 use super::gate::{Gate, GateFailure, Want};
 use super::traffic_gate::{Siblings, MAX_SIBLINGS};
-use crate::engine::{ObservedContainer, RunState};
-use crate::infra::ConvergeError;
 use crate::core::plan::{Action, ContainerRef};
 use crate::core::progress::Event;
 use crate::core::rollout::canary::RolloutRecord;
 use crate::core::rollout::surge::{self, Limit};
 use crate::core::rollout::Thresholds;
-use crate::state::rollout::{Request, RolloutFiles};
 use crate::core::target::Target;
+use crate::engine::{ObservedContainer, RunState};
+use crate::infra::ConvergeError;
+use crate::state::rollout::{Request, RolloutFiles};
 
 /// Timeout of one admin call to a sibling while judging traffic.
 const ADMIN_TIMEOUT: Duration = Duration::from_secs(2);

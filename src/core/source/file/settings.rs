@@ -360,7 +360,8 @@ fn max_surge(cx: &mut Ctx, t: &Tbl) -> Option<crate::core::rollout::MaxSurge> {
                 None
             }
         },
-        _ => doc::int(cx, v, field, 1, 10_000).map(|n| crate::core::rollout::MaxSurge::Count(n.v as u32)),
+        _ => doc::int(cx, v, field, 1, 10_000)
+            .map(|n| crate::core::rollout::MaxSurge::Count(n.v as u32)),
     }
 }
 
