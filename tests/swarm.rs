@@ -204,6 +204,14 @@ fn global_mode_and_placement_constraints() {
     global_mode_and_placement(&guard);
 }
 
+#[test]
+fn the_example_works_as_its_steps_say() {
+    let Some(guard) = scenario("the_example_works_as_its_steps_say") else {
+        return;
+    };
+    example_steps(&guard);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm() {
     let Some(guard) = scenario("the_eg_remote_provider_creates_a_proxy_on_the_swarm") else {
@@ -570,24 +578,32 @@ fn global_mode_and_placement(guard: &SwarmGuard) {
     assert_eq!(rows[0]["ready"], true);
     assert_eq!(get(port), Some(200));
 
-    // A constraint no node meets: berth says so once the startup deadline passed.
-    let nowhere = "[proxy.swarm]\nconstraints = [\"node.labels.berth-test-nowhere == true\"]\n";
-    let port2 = free_port();
-    let mut both = proxy_toml("swglobal", NEW, 1, port, placed);
-    both.push_str(&proxy_toml("swnowhere", NEW, 1, port2, nowhere));
-    case.write(&both);
-    let out = case.berth(&["up"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(
-        err.contains("Swarm cannot place task berth-swnowhere.1"),
-        "{err}"
-    );
-    assert!(err.contains("no suitable node"), "{err}");
-    assert!(
-        err.contains("node.labels.berth-test-nowhere == true"),
-        "{err}"
-    );
+    // A constraint no node meets, replicated or global: berth says so before it creates
+    // anything (a global service would have no task to fail), naming the constraint and the
+    // command that labels a node.
+    for mode in ["replicated", "global"] {
+        let nowhere = format!("[proxy.swarm]\nmode = \"{mode}\"\nconstraints = [\"node.labels.berth-test-nowhere == true\"]\n");
+        let port2 = free_port();
+        let mut both = proxy_toml("swglobal", NEW, 1, port, placed);
+        both.push_str(&proxy_toml("swnowhere", NEW, 1, port2, &nowhere));
+        case.write(&both);
+        let out = case.berth(&["up"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(
+            err.contains("proxy swnowhere: Swarm cannot place its tasks: no node of this Swarm"),
+            "{mode}: {err}"
+        );
+        assert!(
+            err.contains("node.labels.berth-test-nowhere == true")
+                && err.contains("docker node update --label-add berth-test-nowhere=true NODE"),
+            "{mode}: {err}"
+        );
+        assert!(
+            !case.guard.objects().0.contains(&"berth-swnowhere".to_string()),
+            "{mode}: nothing is created for it"
+        );
+    }
     let out = case.berth(&["down"]);
     assert!(out.status.success());
     let (services, configs, secrets): (Vec<String>, Vec<String>, Vec<String>) =
@@ -693,4 +709,85 @@ remote = "unix://{sock}"
         .unwrap_or_else(|e| panic!("{e:?}\nserve log:\n{}", serve.log_text()));
     assert_eq!(case.guard.objects(), (vec![], vec![], vec![]));
     drop(serve);
+}
+
+/// examples/swarm.toml's steps (the comment at its top), run as written on this single-node
+/// Swarm, by a berth without `BERTH_AGENT_BINARY` (it is its own agent); the example's ports
+/// are swapped for free ones. Before them: a berth that cannot provide the agent refuses, and
+/// without the node label `up` says at once which constraint no node meets.
+fn example_steps(guard: &SwarmGuard) {
+    let case = SwarmCase::new(guard);
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/swarm.toml"))
+        .unwrap();
+    let (web, edge_web) = (free_port(), free_port());
+    let config = text
+        .replace("port = 10080", &format!("port = {web}"))
+        .replace("port = 10081", &format!("port = {edge_web}"));
+    assert_ne!(config.matches(&web.to_string()).count(), 0);
+    assert_ne!(config.matches(&edge_web.to_string()).count(), 0);
+    std::fs::write(case.config(), &config).unwrap();
+    let steps: Vec<String> = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| l.split("  #").next().unwrap().trim().to_string())
+        .collect();
+    assert!(steps[0].starts_with("docker swarm init"), "{steps:?}");
+    let config_arg = path_str(&case.config());
+    let berth_args = |step: &str| -> Vec<String> {
+        step.split_whitespace()
+            .skip(1)
+            .map(|a| if a == "examples/swarm.toml" { config_arg.clone() } else { a.to_string() })
+            .collect()
+    };
+
+    // A berth that cannot provide the agent refuses before anything changes, saying the fix.
+    let dynamic = [("BERTH_AGENT_BINARY", std::path::Path::new("/bin/sh"))];
+    let out = case.berth_with(&dynamic, true, &["up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(err.contains("not a statically linked") && err.contains("[swarm] agent = false"), "{err}");
+    assert!(guard.objects().0.is_empty(), "nothing is created: {:?}", guard.objects());
+
+    // Without the label the steps give the node, the global proxy is refused at once.
+    let out = case.berth(&["up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("proxy edge-global: Swarm cannot place its tasks")
+            && err.contains("node.labels.edge == true")
+            && err.contains("--label-add edge=true"),
+        "{err}"
+    );
+
+    // The steps as written (the Swarm exists: the harness made it fresh, without labels).
+    for step in &steps[1..] {
+        let out = if step.starts_with("docker ") {
+            let out = std::process::Command::new("sh").args(["-c", step]).output().unwrap();
+            if let Some(label) = step.split("--label-add ").nth(1) {
+                let key = label.split('=').next().unwrap();
+                guard.labelled(guard.nodes.manager_node(), key);
+            }
+            out
+        } else {
+            assert!(step.starts_with("berth "), "a step of berth or docker: {step}");
+            let args = berth_args(step);
+            case.berth_as_user(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        assert!(out.status.success(), "{step}: {}", stderr(&out));
+        if step.ends_with(" up") {
+            assert_eq!(common::serve::http_get(web, "/").map(|r| r.1), Some("hello from a Swarm\n".into()));
+            assert_eq!(
+                common::serve::http_get(edge_web, "/").map(|r| r.1),
+                Some("hello from every edge node\n".into())
+            );
+            // The default is the agent: the tasks run the derived image.
+            for s in ["berth-edge", "berth-edge-global"] {
+                let image = service(s)["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"].clone();
+                assert!(image.as_str().unwrap().starts_with("berth-agent/envoy:"), "{s}: {image}");
+            }
+        }
+    }
+    assert!(steps.last().unwrap().ends_with(" down"), "{steps:?}");
+    assert!(guard.objects().0.is_empty(), "{:?}", guard.objects());
 }

@@ -13,10 +13,12 @@
 //! overriding, so the image's HEALTHCHECK needs no arguments.
 
 pub mod binary;
+pub mod channel;
 pub mod health;
 pub mod image;
 pub mod run;
 pub mod settings;
+pub mod wire;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -57,7 +57,17 @@ pub struct SwarmSettings {
     /// `registry = "host[:port][/path]"`: where berth pushes the derived agent image so every
     /// node can pull it (required on a Swarm of more than one node).
     pub registry: Option<String>,
+    /// `agent = false`: tasks run Envoy's own entrypoint, without the berth agent. Costly and
+    /// never the default: Swarm then stops a replaced task with a signal and Envoy exits at
+    /// once, cutting its connections, and a task counts as ready once it runs (docs/swarm.md).
+    pub no_agent: bool,
+    /// `agent_address = "IP[:PORT]"`: where the agents dial this manager; default: the manager
+    /// node's Swarm address, port [`AGENT_CHANNEL_PORT`].
+    pub agent_address: Option<std::net::SocketAddr>,
 }
+
+/// The port the berth holding the state directory listens on for its Swarm agents.
+pub const AGENT_CHANNEL_PORT: u16 = 7950;
 
 /// The one constructor of the infrastructure this berth runs on (DESIGN: like Envoy
 /// Gateway's `NewManager`, it picks the implementation by configuration): the single Docker
