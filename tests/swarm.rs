@@ -600,7 +600,11 @@ fn global_mode_and_placement(guard: &SwarmGuard) {
             "{mode}: {err}"
         );
         assert!(
-            !case.guard.objects().0.contains(&"berth-swnowhere".to_string()),
+            !case
+                .guard
+                .objects()
+                .0
+                .contains(&"berth-swnowhere".to_string()),
             "{mode}: nothing is created for it"
         );
     }
@@ -737,7 +741,13 @@ fn example_steps(guard: &SwarmGuard) {
     let berth_args = |step: &str| -> Vec<String> {
         step.split_whitespace()
             .skip(1)
-            .map(|a| if a == "examples/swarm.toml" { config_arg.clone() } else { a.to_string() })
+            .map(|a| {
+                if a == "examples/swarm.toml" {
+                    config_arg.clone()
+                } else {
+                    a.to_string()
+                }
+            })
             .collect()
     };
 
@@ -746,8 +756,15 @@ fn example_steps(guard: &SwarmGuard) {
     let out = case.berth_with(&dynamic, true, &["up"]);
     assert_eq!(out.status.code(), Some(1));
     let err = stderr(&out);
-    assert!(err.contains("not a statically linked") && err.contains("[swarm] agent = false"), "{err}");
-    assert!(guard.objects().0.is_empty(), "nothing is created: {:?}", guard.objects());
+    assert!(
+        err.contains("not a statically linked") && err.contains("[swarm] agent = false"),
+        "{err}"
+    );
+    assert!(
+        guard.objects().0.is_empty(),
+        "nothing is created: {:?}",
+        guard.objects()
+    );
 
     // Without the label the steps give the node, the global proxy is refused at once.
     let out = case.berth(&["up"]);
@@ -763,20 +780,29 @@ fn example_steps(guard: &SwarmGuard) {
     // The steps as written (the Swarm exists: the harness made it fresh, without labels).
     for step in &steps[1..] {
         let out = if step.starts_with("docker ") {
-            let out = std::process::Command::new("sh").args(["-c", step]).output().unwrap();
+            let out = std::process::Command::new("sh")
+                .args(["-c", step])
+                .output()
+                .unwrap();
             if let Some(label) = step.split("--label-add ").nth(1) {
                 let key = label.split('=').next().unwrap();
                 guard.labelled(guard.nodes.manager_node(), key);
             }
             out
         } else {
-            assert!(step.starts_with("berth "), "a step of berth or docker: {step}");
+            assert!(
+                step.starts_with("berth "),
+                "a step of berth or docker: {step}"
+            );
             let args = berth_args(step);
             case.berth_as_user(&args.iter().map(String::as_str).collect::<Vec<_>>())
         };
         assert!(out.status.success(), "{step}: {}", stderr(&out));
         if step.ends_with(" up") {
-            assert_eq!(common::serve::http_get(web, "/").map(|r| r.1), Some("hello from a Swarm\n".into()));
+            assert_eq!(
+                common::serve::http_get(web, "/").map(|r| r.1),
+                Some("hello from a Swarm\n".into())
+            );
             assert_eq!(
                 common::serve::http_get(edge_web, "/").map(|r| r.1),
                 Some("hello from every edge node\n".into())
@@ -784,7 +810,10 @@ fn example_steps(guard: &SwarmGuard) {
             // The default is the agent: the tasks run the derived image.
             for s in ["berth-edge", "berth-edge-global"] {
                 let image = service(s)["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"].clone();
-                assert!(image.as_str().unwrap().starts_with("berth-agent/envoy:"), "{s}: {image}");
+                assert!(
+                    image.as_str().unwrap().starts_with("berth-agent/envoy:"),
+                    "{s}: {image}"
+                );
             }
         }
     }

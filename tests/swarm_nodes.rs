@@ -379,3 +379,117 @@ async fn draining_the_worker_moves_a_replicated_proxy_gracefully() {
     });
     assert_eq!(get(guard.nodes.worker_addr(), port), None);
 }
+
+/// The body of one GET to `addr:port`.
+fn body(addr: IpAddr, port: u16) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-m", "3"])
+        .arg(format!("http://{addr}:{port}/"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The tasks of the case's proxy (Envoy node ids: `<service>.<node id>.<task id>`), sorted.
+fn task_names(case: &SwarmCase) -> Vec<String> {
+    let mut names: Vec<String> = case
+        .status()
+        .iter()
+        .filter_map(|r| r["service_node"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_route_change_reaches_both_nodes_live_and_one_a_task_cannot_confirm_is_undone() {
+    let Some(guard) =
+        scenario("a_route_change_reaches_both_nodes_live_and_one_a_task_cannot_confirm_is_undone")
+    else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    let toml =
+        |text: &str| proxy_toml("twolive", NEW, port, GLOBAL).replace("hello from two nodes", text);
+    case.write(&toml("before"));
+    up_on_both(&case, NEW);
+    let (m, w) = (guard.nodes.manager_addr(), guard.nodes.worker_addr());
+    assert_eq!(
+        (body(m, port), body(w, port)),
+        ("before\n".into(), "before\n".into())
+    );
+    let tasks = task_names(&case);
+    let spec = || service("berth-twolive")["Spec"]["Labels"]["io.berth.spec-hash"].clone();
+    let spec_before = spec();
+
+    // A route change under load on both nodes: delivered through the agents, confirmed by
+    // each task's Envoy before `up` returns; no task replaced, no new spec.
+    let (on_manager, on_worker) = load_on_both(&guard, port, false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    case.write(&toml("after"));
+    let started = Instant::now();
+    let out = case.up_ok();
+    let took = started.elapsed();
+    assert_eq!(
+        (body(m, port), body(w, port)),
+        ("after\n".into(), "after\n".into())
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let what = |node: &str| {
+        format!(
+            "a live route change in {:.2}s, load on {node}",
+            took.as_secs_f64()
+        )
+    };
+    assert_no_failures(&what("the manager"), &on_manager.stop().await);
+    assert_no_failures(&what("the worker"), &on_worker.stop().await);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        said.contains("confirmed by 2 task(s) through their agents"),
+        "{said}"
+    );
+    assert_eq!(task_names(&case), tasks, "no task replaced");
+    assert_eq!(spec(), spec_before, "no new spec: no rolling update");
+
+    // The worker's agent frozen (its Envoy serves on): it cannot confirm the next change, so
+    // the manager puts the previous routes back on both tasks and `up` says so.
+    let worker_task = guard.nodes.worker_docker_ok(&[
+        "ps",
+        "-q",
+        "--filter",
+        "label=com.docker.swarm.service.name=berth-twolive",
+    ]);
+    let agent_pid =
+        guard
+            .nodes
+            .worker_docker_ok(&["inspect", "-f", "{{.State.Pid}}", &worker_task]);
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &agent_pid])
+            .status()
+            .unwrap();
+        assert!(ok.success(), "kill {sig} {agent_pid}");
+    };
+    signal("-STOP");
+    case.write(&toml("refused"));
+    let out = case.berth(&["up"]);
+    signal("-CONT");
+    assert!(!out.status.success(), "an unconfirmed change fails `up`");
+    let err = stderr(&out);
+    assert!(
+        err.contains("did not confirm") && err.contains("restored"),
+        "{err}"
+    );
+    assert_eq!(
+        body(m, port),
+        "after\n",
+        "the manager's task is back on the previous routes"
+    );
+    wait_until(
+        "the worker's task back on the previous routes",
+        Duration::from_secs(30),
+        || body(w, port) == "after\n",
+    );
+    assert_eq!(task_names(&case), tasks, "no task replaced");
+}

@@ -114,12 +114,19 @@ fn read_files(dir: &std::path::Path) -> Result<BTreeMap<String, String>> {
 /// Keeps the channel: dials, serves the manager's stages, dials again when it ends. `synced`
 /// is set once the manager said the files are current (a starting agent waits for it);
 /// `envoy_up` says whether Envoy runs (before, stages are written without confirmation).
-pub async fn keep(settings: ChannelSettings, synced: watch::Sender<bool>, envoy_up: watch::Receiver<bool>) {
+pub async fn keep(
+    settings: ChannelSettings,
+    synced: watch::Sender<bool>,
+    envoy_up: watch::Receiver<bool>,
+) {
     let mut said_away = false;
     loop {
         match session(&settings, &synced, &envoy_up).await {
             Ok(()) => {
-                say(&format!("the manager at {} closed the channel", settings.manager));
+                say(&format!(
+                    "the manager at {} closed the channel",
+                    settings.manager
+                ));
                 said_away = false;
             }
             Err(e) => {
@@ -177,15 +184,17 @@ async fn session(
         })),
     })
     .await?;
-    let outbound = futures_util::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|m| (m, rx))
-    });
+    let outbound =
+        futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
     let mut inbound = client
         .attach(outbound)
         .await
         .context("the manager refused the channel")?
         .into_inner();
-    say(&format!("channel to the manager at {} open", settings.manager));
+    say(&format!(
+        "channel to the manager at {} open",
+        settings.manager
+    ));
     let admin: Arc<dyn crate::admin::AdminApi> =
         Arc::new(Admin::new(&settings.admin_socket).with_timeout(delivery::ADMIN_TIMEOUT));
     while let Some(message) = inbound.message().await? {
@@ -237,9 +246,10 @@ async fn apply(
             admin: admin.clone(),
         }];
         match delivery::apply(&settings.watched, &local, &me, timeout).await {
-            Ok(mut acks) if stage.serials.is_empty() => {
-                verdict(acks.remove(&settings.task).unwrap_or(Ack::Confirmed { millis: 0 }))
-            }
+            Ok(mut acks) if stage.serials.is_empty() => verdict(
+                acks.remove(&settings.task)
+                    .unwrap_or(Ack::Confirmed { millis: 0 }),
+            ),
             Ok(_) => {
                 let mut served =
                     delivery::certificates_served(&me, &stage.serials, started, timeout).await;
@@ -247,10 +257,11 @@ async fn apply(
                     detail: "no verdict".into(),
                 }))
             }
-            Err(delivery::StageError::Unconfirmed(mut acks)) => verdict(
-                acks.remove(&settings.task)
-                    .unwrap_or(Ack::NoAnswer { detail: "no verdict".into() }),
-            ),
+            Err(delivery::StageError::Unconfirmed(mut acks)) => {
+                verdict(acks.remove(&settings.task).unwrap_or(Ack::NoAnswer {
+                    detail: "no verdict".into(),
+                }))
+            }
             Err(delivery::StageError::Io(e)) => (Verdict::NoAnswer, format!("{e:#}"), 0),
         }
     };

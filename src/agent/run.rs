@@ -41,11 +41,13 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
     // With the agent channel: the watched files come from the manager (the baseline the
     // service spec carries until it answers), and Envoy starts once they are current.
     let (envoy_up, envoy_up_rx) = tokio::sync::watch::channel(false);
-    if let Some(channel) = super::channel::ChannelSettings::from_env(settings.admin_socket.clone())? {
+    if let Some(channel) = super::channel::ChannelSettings::from_env(settings.admin_socket.clone())?
+    {
         super::channel::seed_watched(&channel)?;
         let (synced, mut synced_rx) = tokio::sync::watch::channel(false);
         tokio::spawn(super::channel::keep(channel, synced, envoy_up_rx));
-        let _ = tokio::time::timeout(super::channel::STARTUP_SYNC, synced_rx.wait_for(|s| *s)).await;
+        let _ =
+            tokio::time::timeout(super::channel::STARTUP_SYNC, synced_rx.wait_for(|s| *s)).await;
     }
     let mut child = Command::new(program)
         .args(args)

@@ -83,7 +83,10 @@ impl Hub {
         let authority = pki::Authority::open(state)?;
         let manager = authority.manager()?;
         let tls = tonic::transport::ServerTlsConfig::new()
-            .identity(tonic::transport::Identity::from_pem(&manager.cert, &manager.key))
+            .identity(tonic::transport::Identity::from_pem(
+                &manager.cert,
+                &manager.key,
+            ))
             .client_ca_root(tonic::transport::Certificate::from_pem(authority.ca_pem()));
         let listener = tokio::net::TcpListener::bind(address).await.with_context(|| {
             format!(
@@ -147,7 +150,12 @@ impl Hub {
 
     /// Waits until every task in `tasks` has an attached agent of `proxy`, or `within` passed;
     /// returns the tasks still missing.
-    pub async fn await_attached(&self, proxy: &str, tasks: &[String], within: Duration) -> Vec<String> {
+    pub async fn await_attached(
+        &self,
+        proxy: &str,
+        tasks: &[String],
+        within: Duration,
+    ) -> Vec<String> {
         let deadline = tokio::time::Instant::now() + within;
         loop {
             let changed = self.shared.changed.notified();
@@ -155,7 +163,7 @@ impl Hub {
                 let agents = lock(&self.shared.agents);
                 tasks
                     .iter()
-                    .filter(|t| !agents.get(*t).is_some_and(|a| a.proxy == proxy))
+                    .filter(|t| agents.get(*t).is_none_or(|a| a.proxy != proxy))
                     .cloned()
                     .collect()
             };
@@ -178,7 +186,10 @@ impl Hub {
         match agent {
             Some(a) => send_stage(&self.shared, &a, stage, serials, timeout).await,
             None => Ack::NoAnswer {
-                detail: format!("its agent is not connected to the manager at {}", self.address),
+                detail: format!(
+                    "its agent is not connected to the manager at {}",
+                    self.address
+                ),
             },
         }
     }
@@ -203,8 +214,8 @@ impl Hub {
     }
 }
 
-/// Sends `stage` and waits for the verdict; a confirmed stage updates what the manager knows
-/// of the agent's files.
+/// Sends `stage` and waits for the verdict; what the manager knows of the agent's files
+/// follows every stage sent.
 async fn send_stage(
     shared: &Shared,
     agent: &Attached,
@@ -231,25 +242,25 @@ async fn send_stage(
             detail: "its agent disconnected".into(),
         };
     }
+    // Sent: the agent renames it in whatever its Envoy says, now or (a stalled agent) later,
+    // so a restore must take it back from there.
+    {
+        let mut files = lock(&agent.files);
+        for (n, c) in &stage.write {
+            files.insert(n.clone(), c.clone());
+        }
+        for n in &stage.remove {
+            files.remove(n);
+        }
+    }
     let verdict = tokio::time::timeout(timeout + VERDICT_MARGIN, rx).await;
     lock(&shared.pending).remove(&id);
     match verdict {
-        Ok(Ok(r)) => {
-            let ack = match Verdict::try_from(r.verdict).unwrap_or(Verdict::NoAnswer) {
-                Verdict::Confirmed => Ack::Confirmed { millis: r.millis },
-                Verdict::Rejected => Ack::Rejected { detail: r.detail },
-                Verdict::NoAnswer => Ack::NoAnswer { detail: r.detail },
-            };
-            // Renamed in either way: what the agent has now.
-            let mut files = lock(&agent.files);
-            for (n, c) in &stage.write {
-                files.insert(n.clone(), c.clone());
-            }
-            for n in &stage.remove {
-                files.remove(n);
-            }
-            ack
-        }
+        Ok(Ok(r)) => match Verdict::try_from(r.verdict).unwrap_or(Verdict::NoAnswer) {
+            Verdict::Confirmed => Ack::Confirmed { millis: r.millis },
+            Verdict::Rejected => Ack::Rejected { detail: r.detail },
+            Verdict::NoAnswer => Ack::NoAnswer { detail: r.detail },
+        },
         Ok(Err(_)) => Ack::NoAnswer {
             detail: "its agent disconnected before it answered".into(),
         },
@@ -303,7 +314,11 @@ impl wire::agent_channel_server::AgentChannel for Service {
             Some(wire::AgentMessage {
                 message: Some(agent_message::Message::Hello(h)),
             }) => h,
-            _ => return Err(Status::invalid_argument("the first message must be a Hello")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first message must be a Hello",
+                ))
+            }
         };
         if hello.proxy != proxy {
             return Err(Status::permission_denied(format!(
@@ -337,7 +352,10 @@ impl wire::agent_channel_server::AgentChannel for Service {
                 }
             }
             let mut agents = lock(&shared.agents);
-            if agents.get(&reader_task).is_some_and(|a| a.connection == connection) {
+            if agents
+                .get(&reader_task)
+                .is_some_and(|a| a.connection == connection)
+            {
                 agents.remove(&reader_task);
             }
             drop(agents);
@@ -350,7 +368,8 @@ impl wire::agent_channel_server::AgentChannel for Service {
         tokio::spawn(async move {
             let files = state.read_xds(&proxy).unwrap_or_default();
             if !files.is_empty() {
-                let ack = bring_up(&shared, &agent, &files, delivery::DEFAULT_CONFIRM_TIMEOUT).await;
+                let ack =
+                    bring_up(&shared, &agent, &files, delivery::DEFAULT_CONFIRM_TIMEOUT).await;
                 if !matches!(ack, Ack::Confirmed { .. }) {
                     tracing::warn!(%proxy, %task, ?ack, "an attaching agent did not take the current files");
                 }
@@ -363,9 +382,11 @@ impl wire::agent_channel_server::AgentChannel for Service {
                 .await;
             shared.changed.notify_waiters();
         });
-        let outbound = futures_util::stream::unfold(rx, |mut rx| async move {
-            rx.recv().await.map(|m| (m, rx))
-        });
+        let outbound =
+            futures_util::stream::unfold(
+                rx,
+                |mut rx| async move { rx.recv().await.map(|m| (m, rx)) },
+            );
         Ok(Response::new(Box::pin(outbound)))
     }
 }

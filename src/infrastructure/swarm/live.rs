@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use tokio::time::Instant;
 
 use super::hub::Hub;
@@ -67,7 +68,10 @@ pub async fn deliver(
     let started = Instant::now();
     let agents = hub.agents(proxy);
     let one = |task: String| {
-        let have = agents.get(&task).map(|a| a.files.clone()).unwrap_or_default();
+        let have = agents
+            .get(&task)
+            .map(|a| a.files.clone())
+            .unwrap_or_default();
         async move {
             let stages = delivery::stages(&have, files);
             let last = stages.len().saturating_sub(1);
@@ -122,10 +126,16 @@ async fn restore(
 ) -> String {
     let agents = hub.agents(proxy);
     let one = |task: String| {
-        let have = agents.get(&task).map(|a| a.files.clone()).unwrap_or_default();
+        let have = agents
+            .get(&task)
+            .map(|a| a.files.clone())
+            .unwrap_or_default();
         async move {
             for stage in delivery::stages(&have, previous) {
-                if !matches!(hub.stage(&task, &stage, &[], timeout).await, Ack::Confirmed { .. }) {
+                if !matches!(
+                    hub.stage(&task, &stage, &[], timeout).await,
+                    Ack::Confirmed { .. }
+                ) {
                     return Some(task);
                 }
             }
@@ -198,7 +208,7 @@ impl super::Swarm {
         &self,
         proxy: &str,
         create: bool,
-    ) -> Result<super::service::Channel, ConvergeError> {
+    ) -> anyhow::Result<super::service::Channel> {
         let agents = self.state.root().join("agents");
         if !create && !agents.join("ca.key").exists() {
             return Ok(super::service::Channel {
@@ -208,18 +218,14 @@ impl super::Swarm {
                 key: String::new(),
             });
         }
-        let credentials = || -> anyhow::Result<super::service::Channel> {
-            let authority = super::pki::Authority::open(&self.state)?;
-            let pair = authority.agent(proxy)?;
-            Ok(super::service::Channel {
-                manager: self.agent_address,
-                ca: authority.ca_pem().to_string(),
-                cert: pair.cert,
-                key: pair.key,
-            })
-        };
-        credentials().map_err(|e| ConvergeError::Host {
-            problem: format!("the agent channel's credentials in {}: {e:#}", agents.display()),
+        let authority = super::pki::Authority::open(&self.state)
+            .with_context(|| format!("the agent channel's CA in {}", agents.display()))?;
+        let pair = authority.agent(proxy)?;
+        Ok(super::service::Channel {
+            manager: self.agent_address,
+            ca: authority.ca_pem().to_string(),
+            cert: pair.cert,
+            key: pair.key,
         })
     }
 

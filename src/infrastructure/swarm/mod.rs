@@ -294,7 +294,7 @@ impl Swarm {
                         .get(&local)
                         .cloned();
                     if let Some(pinned) = known {
-                        return self.agent_entrypoint(target, pinned, true);
+                        return self.agent_entrypoint(target, pinned, true).map_err(host);
                     }
                     reporter.waiting(format!("{name}: pushing the agent image to {registry}"));
                     let pinned = crate::agent::image::publish(
@@ -332,7 +332,7 @@ impl Swarm {
                 Some(registry) => crate::agent::image::in_registry(&local, registry),
             }
         };
-        self.agent_entrypoint(target, image, build)
+        self.agent_entrypoint(target, image, build).map_err(host)
     }
 
     /// The agent's settings for `target`'s tasks, running `image`; with the agent channel for a
@@ -342,7 +342,7 @@ impl Swarm {
         target: &Target,
         image: String,
         create: bool,
-    ) -> Result<Entrypoint, ConvergeError> {
+    ) -> anyhow::Result<Entrypoint> {
         let channel = if live(target) {
             Some(self.channel(target.name(), create)?)
         } else {
@@ -541,6 +541,13 @@ fn config_version(target: &Target, live: bool) -> String {
         all.push_str(text);
     }
     crate::replica::sha256_hex(all.as_bytes())[..12].to_string()
+}
+
+/// An error of the host's side, in the words it came with.
+fn host(e: anyhow::Error) -> ConvergeError {
+    ConvergeError::Host {
+        problem: format!("{e:#}"),
+    }
 }
 
 /// Whether a proxy's watched files reach its tasks through the agent channel: routes and

@@ -165,7 +165,10 @@ mod tests {
         let mode = std::fs::metadata(dir.path().join("agents/ca.key"))
             .unwrap()
             .permissions();
-        assert_eq!(std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777, 0o600);
+        assert_eq!(
+            std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+            0o600
+        );
         assert_eq!(proxy_of(&agent_name("edge")), Some("edge"));
     }
 }

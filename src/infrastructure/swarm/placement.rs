@@ -190,7 +190,10 @@ mod tests {
         let n = node("a", &[("edge", "True")]);
         assert!(n.meets("node.labels.edge == true"), "case-insensitive");
         assert!(!n.meets("node.labels.edge != true"));
-        assert!(n.meets("node.labels.other != true"), "a missing label is empty");
+        assert!(
+            n.meets("node.labels.other != true"),
+            "a missing label is empty"
+        );
         assert!(!n.meets("node.labels.other == true"));
         assert!(n.meets("node.role == manager"));
         assert!(n.meets("node.hostname != b"));
@@ -203,7 +206,10 @@ mod tests {
         let nodes = [node("a", &[])];
         let e = eligible("edge-global", &c, &nodes).unwrap_err();
         assert!(e.contains("node.labels.edge == true"), "{e}");
-        assert!(e.contains("docker node update --label-add edge=true NODE"), "{e}");
+        assert!(
+            e.contains("docker node update --label-add edge=true NODE"),
+            "{e}"
+        );
         assert!(e.contains("(a)"), "{e}");
         let nodes = [node("a", &[("edge", "true")]), node("b", &[])];
         let ok = eligible("edge-global", &c, &nodes).unwrap();
@@ -218,6 +224,9 @@ mod tests {
         n.schedulable = false;
         n.why_not = Some("drain".into());
         let e = eligible("p", &c, &[n]).unwrap_err();
-        assert!(e.contains("a (drain)") && e.contains("--availability active"), "{e}");
+        assert!(
+            e.contains("a (drain)") && e.contains("--availability active"),
+            "{e}"
+        );
     }
 }

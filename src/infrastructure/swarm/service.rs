@@ -220,9 +220,21 @@ pub fn files(target: &Target, cx: &Context<'_>) -> Vec<FileObject> {
         );
     }
     if let Some(c) = live {
-        add(format!("{CREDENTIALS_DIR}/ca.pem"), c.ca.clone().into_bytes(), false);
-        add(format!("{CREDENTIALS_DIR}/cert.pem"), c.cert.clone().into_bytes(), false);
-        add(format!("{CREDENTIALS_DIR}/key.pem"), c.key.clone().into_bytes(), true);
+        add(
+            format!("{CREDENTIALS_DIR}/ca.pem"),
+            c.ca.clone().into_bytes(),
+            false,
+        );
+        add(
+            format!("{CREDENTIALS_DIR}/cert.pem"),
+            c.cert.clone().into_bytes(),
+            false,
+        );
+        add(
+            format!("{CREDENTIALS_DIR}/key.pem"),
+            c.key.clone().into_bytes(),
+            true,
+        );
     }
     match &target.proxy.routing {
         Routing::Standalone(_) => {

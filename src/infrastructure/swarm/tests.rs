@@ -325,33 +325,64 @@ fn with_the_agent_channel_a_route_change_is_no_new_spec() {
     });
     let hi = plan_of(&target_of(3, "hi", "rollback", ""), &live);
     let bye = plan_of(&target_of(3, "bye", "rollback", ""), &live);
-    assert_eq!(hi.hash, bye.hash, "the watched files are the baseline, outside the hash");
+    assert_eq!(
+        hi.hash, bye.hash,
+        "the watched files are the baseline, outside the hash"
+    );
     assert_ne!(
-        hi.files.iter().filter(|f| f.baseline).map(|f| &f.name).collect::<Vec<_>>(),
-        bye.files.iter().filter(|f| f.baseline).map(|f| &f.name).collect::<Vec<_>>(),
+        hi.files
+            .iter()
+            .filter(|f| f.baseline)
+            .map(|f| &f.name)
+            .collect::<Vec<_>>(),
+        bye.files
+            .iter()
+            .filter(|f| f.baseline)
+            .map(|f| &f.name)
+            .collect::<Vec<_>>(),
     );
     let c = hi.spec.task_template.unwrap().container_spec.unwrap();
     let env = c.env.unwrap();
-    assert!(env.contains(&"BERTH_AGENT_MANAGER=10.0.0.1:7950".to_string()), "{env:?}");
+    assert!(
+        env.contains(&"BERTH_AGENT_MANAGER=10.0.0.1:7950".to_string()),
+        "{env:?}"
+    );
     // The watched directory is a tmpfs the agent writes; the baseline and credentials are
     // files of the spec, the key a secret.
-    let mounts: Vec<_> = c.mounts.unwrap().into_iter().filter_map(|m| m.target).collect();
-    assert!(mounts.contains(&crate::layout::CONTAINER_XDS_DIR.to_string()), "{mounts:?}");
+    let mounts: Vec<_> = c
+        .mounts
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.target)
+        .collect();
+    assert!(
+        mounts.contains(&crate::layout::CONTAINER_XDS_DIR.to_string()),
+        "{mounts:?}"
+    );
     let targets: Vec<String> = c
         .configs
         .unwrap()
         .into_iter()
         .filter_map(|r| r.file?.name)
         .collect();
-    assert!(targets.iter().any(|t| t == "/etc/berth/baseline/lds.yaml"), "{targets:?}");
-    assert!(targets.iter().any(|t| t == "/etc/berth/agent/ca.pem"), "{targets:?}");
+    assert!(
+        targets.iter().any(|t| t == "/etc/berth/baseline/lds.yaml"),
+        "{targets:?}"
+    );
+    assert!(
+        targets.iter().any(|t| t == "/etc/berth/agent/ca.pem"),
+        "{targets:?}"
+    );
     let secrets: Vec<String> = c
         .secrets
         .unwrap()
         .into_iter()
         .filter_map(|r| r.file?.name)
         .collect();
-    assert!(secrets.iter().any(|t| t == "/etc/berth/agent/key.pem"), "{secrets:?}");
+    assert!(
+        secrets.iter().any(|t| t == "/etc/berth/agent/key.pem"),
+        "{secrets:?}"
+    );
     // Without the channel a route change is a new spec, as before.
     let plain_hi = plan_of(&target_of(3, "hi", "rollback", ""), &Entrypoint::Plain);
     let plain_bye = plan_of(&target_of(3, "bye", "rollback", ""), &Entrypoint::Plain);

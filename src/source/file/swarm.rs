@@ -87,7 +87,9 @@ fn agent_address(s: &str) -> Option<std::net::SocketAddr> {
     if let Ok(ip) = s.parse::<std::net::IpAddr>() {
         return Some((ip, crate::infrastructure::AGENT_CHANNEL_PORT).into());
     }
-    s.parse::<std::net::SocketAddr>().ok().filter(|a| a.port() > 0)
+    s.parse::<std::net::SocketAddr>()
+        .ok()
+        .filter(|a| a.port() > 0)
 }
 
 /// A registry and repository path the derived image is pushed under: `host[:port][/path]`,
