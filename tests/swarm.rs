@@ -264,7 +264,9 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         let mode = docker_ok(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", &id]);
         assert_eq!(mode, "host");
     }
-    // The rendered files as configs, the key as a secret readable by uid 101 only.
+    // The rendered files as configs (the watched ones as the baseline the agent starts
+    // from), the agent channel's CA and certificate too; the keys (the listener's, the agent
+    // channel's) as secrets readable by uid 101 only.
     let configs: Vec<&str> = c["Configs"]
         .as_array()
         .unwrap()
@@ -273,23 +275,32 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         .collect();
     for want in [
         "/etc/berth/bootstrap/bootstrap.yaml",
-        "/etc/berth/xds/lds.yaml",
-        "/etc/berth/xds/rds-web.yaml",
-        "/etc/berth/xds/cds.yaml",
+        "/etc/berth/baseline/lds.yaml",
+        "/etc/berth/baseline/rds-web.yaml",
+        "/etc/berth/baseline/cds.yaml",
+        "/etc/berth/agent/ca.pem",
+        "/etc/berth/agent/cert.pem",
     ] {
         assert!(configs.contains(&want), "{want} not in {configs:?}");
     }
     let secrets = c["Secrets"].as_array().unwrap();
-    assert_eq!(secrets.len(), 1, "{secrets:?}");
-    assert_eq!(secrets[0]["File"]["Mode"], 0o400);
-    assert_eq!(secrets[0]["File"]["UID"], "101");
-    assert!(secrets[0]["File"]["Name"]
-        .as_str()
-        .unwrap()
-        .starts_with("/etc/berth/tls/secure/key-"));
+    assert_eq!(secrets.len(), 2, "{secrets:?}");
+    for secret in secrets {
+        assert_eq!(secret["File"]["Mode"], 0o400);
+        assert_eq!(secret["File"]["UID"], "101");
+    }
+    let names: Vec<&str> = secrets
+        .iter()
+        .map(|s| s["File"]["Name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("/etc/berth/tls/secure/key-"))
+            && names.contains(&"/etc/berth/agent/key.pem"),
+        "{names:?}"
+    );
     let (services, _, secret_objects) = case.guard.objects();
     assert_eq!(services, vec!["berth-swedge".to_string()]);
-    assert_eq!(secret_objects.len(), 1);
+    assert_eq!(secret_objects.len(), 2);
 
     // A second `up` changes nothing: the service keeps its version.
     let version = s["Version"]["Index"].clone();
@@ -449,7 +460,7 @@ fn down_removes_services_configs_and_secrets(case: &SwarmCase) {
     let (services, configs, secrets) = case.guard.objects();
     assert_eq!(services.len(), 1);
     assert!(configs.len() >= 5, "{configs:?}");
-    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert_eq!(secrets.len(), 2, "{secrets:?}");
     let image = service("berth-swedge")["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
         .as_str()
         .unwrap()

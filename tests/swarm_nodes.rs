@@ -452,8 +452,9 @@ async fn a_route_change_reaches_both_nodes_live_and_one_a_task_cannot_confirm_is
     assert_eq!(task_names(&case), tasks, "no task replaced");
     assert_eq!(spec(), spec_before, "no new spec: no rolling update");
 
-    // The worker's agent frozen (its Envoy serves on): it cannot confirm the next change, so
-    // the manager puts the previous routes back on both tasks and `up` says so.
+    // The worker's Envoy frozen: its agent takes the next change but its Envoy cannot confirm
+    // it, so the manager puts the previous routes back on both tasks and `up` says so. Envoy
+    // goes on once its agent gave up waiting (before its health check would fail).
     let worker_task = guard.nodes.worker_docker_ok(&[
         "ps",
         "-q",
@@ -464,17 +465,38 @@ async fn a_route_change_reaches_both_nodes_live_and_one_a_task_cannot_confirm_is
         guard
             .nodes
             .worker_docker_ok(&["inspect", "-f", "{{.State.Pid}}", &worker_task]);
+    let envoy_pid = std::fs::read_to_string(format!("/proc/{agent_pid}/task/{agent_pid}/children"))
+        .unwrap()
+        .trim()
+        .to_string();
     let signal = |sig: &str| {
         let ok = std::process::Command::new("kill")
-            .args([sig, &agent_pid])
+            .args([sig, &envoy_pid])
             .status()
             .unwrap();
-        assert!(ok.success(), "kill {sig} {agent_pid}");
+        assert!(ok.success(), "kill {sig} {envoy_pid}");
     };
     signal("-STOP");
+    let resume = {
+        let (task, envoy_pid, nodes) = (worker_task.clone(), envoy_pid.clone(), guard.nodes);
+        // The agent says so on its stderr when its Envoy did not confirm in time.
+        let logs = move || {
+            let out = nodes.worker_docker(&["logs", &task]);
+            String::from_utf8_lossy(&out.stderr).contains("NO_ANSWER")
+        };
+        std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while !logs() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            let _ = std::process::Command::new("kill")
+                .args(["-CONT", &envoy_pid])
+                .status();
+        })
+    };
     case.write(&toml("refused"));
     let out = case.berth(&["up"]);
-    signal("-CONT");
+    resume.join().unwrap();
     assert!(!out.status.success(), "an unconfirmed change fails `up`");
     let err = stderr(&out);
     assert!(
