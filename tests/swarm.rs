@@ -294,7 +294,9 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         .map(|s| s["File"]["Name"].as_str().unwrap())
         .collect();
     assert!(
-        names.iter().any(|n| n.starts_with("/etc/berth/tls/secure/key-"))
+        names
+            .iter()
+            .any(|n| n.starts_with("/etc/berth/tls/secure/key-"))
             && names.contains(&"/etc/berth/agent/key.pem"),
         "{names:?}"
     );
