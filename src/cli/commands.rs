@@ -102,12 +102,13 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
             serde_json::to_string_pretty(&serde_json::json!({
                 "summary": plan.summary(),
                 "actions": plan.actions,
+                "live": plan.live,
                 "notes": plan.notes,
             }))?
         );
         return Ok(());
     }
-    if plan.is_empty() {
+    if plan.changes_nothing() {
         println!(
             "No changes. {} proxies are up to date.",
             resolved.targets.len()
@@ -118,10 +119,13 @@ pub(super) async fn diff(cli: &Cli) -> Result<()> {
     for action in &plan.actions {
         println!("  {action}");
     }
+    for update in &plan.live {
+        println!("  {update}");
+    }
     for note in &plan.notes {
         println!("  {note}");
     }
-    println!("\n{}", plan.summary());
+    println!("\n{}", plan.summary_line());
     Ok(())
 }
 

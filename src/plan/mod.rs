@@ -54,8 +54,11 @@ use crate::replica::{
     replica_name, short_hash, DesiredProxy, ObservedContainer, RunState, RESTART_POLICY,
 };
 
+mod live;
 #[cfg(test)]
 mod tests;
+
+pub use live::LiveUpdate;
 
 /// A container the plan acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -159,6 +162,9 @@ pub struct Plan {
     /// Observations that need no action but deserve a mention.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<Note>,
+    /// Watched files that reach running replicas without a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub live: Vec<LiveUpdate>,
 }
 
 /// How many actions of each kind a plan has.
@@ -174,6 +180,11 @@ impl Plan {
     /// No actions (notes do not count).
     pub fn is_empty(&self) -> bool {
         self.actions.is_empty()
+    }
+
+    /// No actions and no live file updates: nothing at all would change.
+    pub fn changes_nothing(&self) -> bool {
+        self.is_empty() && self.live.is_empty()
     }
 
     /// The actions on one proxy, in plan order.
@@ -192,6 +203,18 @@ impl Plan {
             }
         }
         s
+    }
+
+    /// The summary, and how many proxies change files live when any do:
+    /// "Plan: 0 to create, 0 to start, 0 to replace, 0 to remove; 1 proxy updated live."
+    pub fn summary_line(&self) -> String {
+        let summary = self.summary().to_string();
+        let actions = summary.trim_end_matches('.');
+        match self.live.len() {
+            0 => summary,
+            1 => format!("{actions}; 1 proxy updated live."),
+            n => format!("{actions}; {n} proxies updated live."),
+        }
     }
 }
 
@@ -359,13 +382,16 @@ impl fmt::Display for Plan {
         for a in &self.actions {
             writeln!(f, "{a}")?;
         }
+        for u in &self.live {
+            writeln!(f, "{u}")?;
+        }
         for n in &self.notes {
             writeln!(f, "{n}")?;
         }
-        if self.is_empty() {
+        if self.changes_nothing() {
             writeln!(f, "No changes.")
         } else {
-            writeln!(f, "{}", self.summary())
+            writeln!(f, "{}", self.summary_line())
         }
     }
 }
@@ -628,7 +654,11 @@ pub fn plan_with(desired: &[DesiredProxy], observed: &[ObservedContainer], facts
         actions.push(remove("", None, c, RemoveReason::Unidentifiable));
     }
 
-    Plan { actions, notes }
+    Plan {
+        actions,
+        notes,
+        live: Vec::new(),
+    }
 }
 
 /// A proxy pinned to an image ID (pull policy "always") whose replicas of another spec run

@@ -172,7 +172,24 @@ impl Infrastructure for DockerHost {
             }
         }
         let desired: Vec<_> = targets.iter().map(|t| t.desired.clone()).collect();
-        Ok(plan::plan_with(&desired, &observed, &facts))
+        let mut plan = plan::plan_with(&desired, &observed, &facts);
+        for t in targets {
+            let on_disk = self
+                .state
+                .read_xds(t.name())
+                .map_err(ConvergeError::State)?;
+            let on_disk = crate::delivery::unstamp(&on_disk);
+            if on_disk.is_empty() {
+                // A proxy that never ran: its files come with its first replicas.
+                continue;
+            }
+            plan.live.extend(plan::LiveUpdate::between(
+                t.name(),
+                &on_disk,
+                &t.rendered.xds,
+            ));
+        }
+        Ok(plan)
     }
 
     async fn resolve_image(
