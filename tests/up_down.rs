@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use berth::admin::Admin;
-use berth::preflight::tcp_ports_listened_by;
+use berth::envoy::admin::Admin;
+use berth::host::preflight::tcp_ports_listened_by;
 use common::config as cfg;
 use common::describe;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup, TEST_IMAGE};
@@ -278,7 +278,10 @@ async fn replica_admin_is_only_a_socket() {
     assert_eq!(tcp_ports_listened_by(pid), BTreeSet::from([port]));
     // The admin answers on its socket, which only root and the replica user may open.
     let admin = fleet.admin(&proxy, name);
-    assert_eq!(admin.ready().await.unwrap(), berth::admin::ReadyState::Live);
+    assert_eq!(
+        admin.ready().await.unwrap(),
+        berth::envoy::admin::ReadyState::Live
+    );
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let md = std::fs::metadata(admin.socket()).unwrap();
     assert!(md.file_type().is_socket());
