@@ -118,6 +118,16 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
     ),
     (
+        "infra/swarm/placement.rs",
+        "bollard::",
+        "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
+    ),
+    (
+        "edges/agent/channel.rs",
+        "infra::delivery",
+        "a Swarm task's agent applies and confirms a stage with the one-host delivery code (stages, renames, Envoy's confirmation); that part of delivery moves to envoy",
+    ),
+    (
         "infra/swarm/objects.rs",
         "bollard::",
         "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
