@@ -1,8 +1,9 @@
 //! Build-time code generation, all of it from protos compiled by `protox` (pure Rust), so
 //! building berth needs no `protoc`:
 //!
-//! - the Envoy Gateway remote-infrastructure gRPC code from `proto/remoteinfra/service.proto`
-//!   (and the tests' echo service from `tests/proto/echo.proto`);
+//! - the Envoy Gateway remote-infrastructure gRPC code from `proto/remoteinfra/service.proto`,
+//!   berth's agent channel from `proto/berth/agent.proto` (and the tests' echo service from
+//!   `tests/proto/echo.proto`);
 //! - the descriptors of Envoy's `envoy.config.bootstrap.v3.Bootstrap` and every message it
 //!   reaches, from the Envoy API protos vendored in `proto/envoy-api/` (from the `envoy-types`
 //!   crate: scripts/vendor-envoy-protos.sh). berth merges a user's bootstrap into its own with
@@ -20,11 +21,14 @@ use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let proto = "proto/remoteinfra/service.proto";
+    // The channel between berth and its agents in Swarm tasks.
+    let agent_proto = "proto/berth/agent.proto";
+    println!("cargo:rerun-if-changed={agent_proto}");
     // The backend tests' gRPC echo service (generated beside it, included only by tests).
     let test_proto = "tests/proto/echo.proto";
     println!("cargo:rerun-if-changed={proto}");
     println!("cargo:rerun-if-changed={test_proto}");
-    let descriptors = protox::compile([proto, test_proto], ["proto", "tests/proto"])?;
+    let descriptors = protox::compile([proto, agent_proto, test_proto], ["proto", "tests/proto"])?;
     tonic_prost_build::configure()
         .build_client(true) // tests and `berth` tooling dial the service too
         .build_server(true)

@@ -48,21 +48,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "target locates the ACME placeholders itself; the caller (ops) hands them in instead",
     ),
     (
-        "core/render/mod.rs",
-        "host::inotify",
-        "the inotify count of a rendered proxy is a pure function kept beside host's inotify limits; it moves to core",
-    ),
-    (
-        "core/replica/mod.rs",
-        "engine",
-        "the container types (ReplicaContainer, Mount, RunState, ...) are defined in engine; they move to core and the adapters convert",
-    ),
-    (
-        "core/replica/tests.rs",
-        "engine",
-        "as core/replica/mod.rs: the container types are still engine's",
-    ),
-    (
         "edges/cli/commands.rs",
         "engine",
         "the CLI connects DockerEngine itself and reads EngineError::Unreachable; the seam's constructor and typed errors take that over",
@@ -98,16 +83,6 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "berth logs streams container logs with bollard; the engine's logs call takes it over",
     ),
     (
-        "edges/serve/server.rs",
-        "engine::RunState",
-        "RunState is still engine's; it moves to core with the container types",
-    ),
-    (
-        "status/mod.rs",
-        "engine::RunState",
-        "RunState is still engine's; it moves to core with the container types",
-    ),
-    (
         "engine/docker.rs",
         "envoy::admin",
         "the Docker adapter speaks HTTP over the Docker socket with Envoy's admin client; it gets its own",
@@ -115,7 +90,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
     (
         "engine/fake.rs",
         "envoy::admin",
-        "the fake engine's Envoy answers admin calls (AdminApi); a test double, compiled for tests only once split",
+        "the fake engine (compiled for unit tests only) answers its Envoy's admin calls through envoy's AdminApi",
     ),
     (
         "infra/docker_host/tests.rs",
@@ -141,6 +116,16 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "infra/swarm/mod.rs",
         "bollard::",
         "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
+    ),
+    (
+        "infra/swarm/placement.rs",
+        "bollard::",
+        "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
+    ),
+    (
+        "edges/agent/channel.rs",
+        "infra::delivery",
+        "a Swarm task's agent applies and confirms a stage with the one-host delivery code (stages, renames, Envoy's confirmation); that part of delivery moves to envoy",
     ),
     (
         "infra/swarm/objects.rs",

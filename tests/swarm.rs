@@ -204,6 +204,14 @@ fn global_mode_and_placement_constraints() {
     global_mode_and_placement(&guard);
 }
 
+#[test]
+fn the_example_works_as_its_steps_say() {
+    let Some(guard) = scenario("the_example_works_as_its_steps_say") else {
+        return;
+    };
+    example_steps(&guard);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_eg_remote_provider_creates_a_proxy_on_the_swarm() {
     let Some(guard) = scenario("the_eg_remote_provider_creates_a_proxy_on_the_swarm") else {
@@ -256,7 +264,9 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         let mode = docker_ok(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", &id]);
         assert_eq!(mode, "host");
     }
-    // The rendered files as configs, the key as a secret readable by uid 101 only.
+    // The rendered files as configs (the watched ones as the baseline the agent starts
+    // from), the agent channel's CA and certificate too; the keys (the listener's, the agent
+    // channel's) as secrets readable by uid 101 only.
     let configs: Vec<&str> = c["Configs"]
         .as_array()
         .unwrap()
@@ -265,23 +275,34 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         .collect();
     for want in [
         "/etc/berth/bootstrap/bootstrap.yaml",
-        "/etc/berth/xds/lds.yaml",
-        "/etc/berth/xds/rds-web.yaml",
-        "/etc/berth/xds/cds.yaml",
+        "/etc/berth/baseline/lds.yaml",
+        "/etc/berth/baseline/rds-web.yaml",
+        "/etc/berth/baseline/cds.yaml",
+        "/etc/berth/agent/ca.pem",
+        "/etc/berth/agent/cert.pem",
     ] {
         assert!(configs.contains(&want), "{want} not in {configs:?}");
     }
     let secrets = c["Secrets"].as_array().unwrap();
-    assert_eq!(secrets.len(), 1, "{secrets:?}");
-    assert_eq!(secrets[0]["File"]["Mode"], 0o400);
-    assert_eq!(secrets[0]["File"]["UID"], "101");
-    assert!(secrets[0]["File"]["Name"]
-        .as_str()
-        .unwrap()
-        .starts_with("/etc/berth/tls/secure/key-"));
+    assert_eq!(secrets.len(), 2, "{secrets:?}");
+    for secret in secrets {
+        assert_eq!(secret["File"]["Mode"], 0o400);
+        assert_eq!(secret["File"]["UID"], "101");
+    }
+    let names: Vec<&str> = secrets
+        .iter()
+        .map(|s| s["File"]["Name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names
+            .iter()
+            .any(|n| n.starts_with("/etc/berth/tls/secure/key-"))
+            && names.contains(&"/etc/berth/agent/key.pem"),
+        "{names:?}"
+    );
     let (services, _, secret_objects) = case.guard.objects();
     assert_eq!(services, vec!["berth-swedge".to_string()]);
-    assert_eq!(secret_objects.len(), 1);
+    assert_eq!(secret_objects.len(), 2);
 
     // A second `up` changes nothing: the service keeps its version.
     let version = s["Version"]["Index"].clone();
@@ -441,7 +462,7 @@ fn down_removes_services_configs_and_secrets(case: &SwarmCase) {
     let (services, configs, secrets) = case.guard.objects();
     assert_eq!(services.len(), 1);
     assert!(configs.len() >= 5, "{configs:?}");
-    assert_eq!(secrets.len(), 1, "{secrets:?}");
+    assert_eq!(secrets.len(), 2, "{secrets:?}");
     let image = service("berth-swedge")["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"]
         .as_str()
         .unwrap()
@@ -570,24 +591,36 @@ fn global_mode_and_placement(guard: &SwarmGuard) {
     assert_eq!(rows[0]["ready"], true);
     assert_eq!(get(port), Some(200));
 
-    // A constraint no node meets: berth says so once the startup deadline passed.
-    let nowhere = "[proxy.swarm]\nconstraints = [\"node.labels.berth-test-nowhere == true\"]\n";
-    let port2 = free_port();
-    let mut both = proxy_toml("swglobal", NEW, 1, port, placed);
-    both.push_str(&proxy_toml("swnowhere", NEW, 1, port2, nowhere));
-    case.write(&both);
-    let out = case.berth(&["up"]);
-    assert_eq!(out.status.code(), Some(1));
-    let err = stderr(&out);
-    assert!(
-        err.contains("Swarm cannot place task berth-swnowhere.1"),
-        "{err}"
-    );
-    assert!(err.contains("no suitable node"), "{err}");
-    assert!(
-        err.contains("node.labels.berth-test-nowhere == true"),
-        "{err}"
-    );
+    // A constraint no node meets, replicated or global: berth says so before it creates
+    // anything (a global service would have no task to fail), naming the constraint and the
+    // command that labels a node.
+    for mode in ["replicated", "global"] {
+        let nowhere = format!("[proxy.swarm]\nmode = \"{mode}\"\nconstraints = [\"node.labels.berth-test-nowhere == true\"]\n");
+        let port2 = free_port();
+        let mut both = proxy_toml("swglobal", NEW, 1, port, placed);
+        both.push_str(&proxy_toml("swnowhere", NEW, 1, port2, &nowhere));
+        case.write(&both);
+        let out = case.berth(&["up"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = stderr(&out);
+        assert!(
+            err.contains("proxy swnowhere: Swarm cannot place its tasks: no node of this Swarm"),
+            "{mode}: {err}"
+        );
+        assert!(
+            err.contains("node.labels.berth-test-nowhere == true")
+                && err.contains("docker node update --label-add berth-test-nowhere=true NODE"),
+            "{mode}: {err}"
+        );
+        assert!(
+            !case
+                .guard
+                .objects()
+                .0
+                .contains(&"berth-swnowhere".to_string()),
+            "{mode}: nothing is created for it"
+        );
+    }
     let out = case.berth(&["down"]);
     assert!(out.status.success());
     let (services, configs, secrets): (Vec<String>, Vec<String>, Vec<String>) =
@@ -693,4 +726,110 @@ remote = "unix://{sock}"
         .unwrap_or_else(|e| panic!("{e:?}\nserve log:\n{}", serve.log_text()));
     assert_eq!(case.guard.objects(), (vec![], vec![], vec![]));
     drop(serve);
+}
+
+/// examples/swarm.toml's steps (the comment at its top), run as written on this single-node
+/// Swarm, by a berth without `BERTH_AGENT_BINARY` (it is its own agent); the example's ports
+/// are swapped for free ones. Before them: a berth that cannot provide the agent refuses, and
+/// without the node label `up` says at once which constraint no node meets.
+fn example_steps(guard: &SwarmGuard) {
+    let case = SwarmCase::new(guard);
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/examples/swarm.toml"))
+        .unwrap();
+    let (web, edge_web) = (free_port(), free_port());
+    let config = text
+        .replace("port = 10080", &format!("port = {web}"))
+        .replace("port = 10081", &format!("port = {edge_web}"));
+    assert_ne!(config.matches(&web.to_string()).count(), 0);
+    assert_ne!(config.matches(&edge_web.to_string()).count(), 0);
+    std::fs::write(case.config(), &config).unwrap();
+    let steps: Vec<String> = text
+        .lines()
+        .take_while(|l| l.starts_with('#'))
+        .filter_map(|l| l.strip_prefix("#   "))
+        .map(|l| l.split("  #").next().unwrap().trim().to_string())
+        .collect();
+    assert!(steps[0].starts_with("docker swarm init"), "{steps:?}");
+    let config_arg = path_str(&case.config());
+    let berth_args = |step: &str| -> Vec<String> {
+        step.split_whitespace()
+            .skip(1)
+            .map(|a| {
+                if a == "examples/swarm.toml" {
+                    config_arg.clone()
+                } else {
+                    a.to_string()
+                }
+            })
+            .collect()
+    };
+
+    // A berth that cannot provide the agent refuses before anything changes, saying the fix.
+    let dynamic = [("BERTH_AGENT_BINARY", std::path::Path::new("/bin/sh"))];
+    let out = case.berth_with(&dynamic, true, &["up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("not a statically linked") && err.contains("[swarm] agent = false"),
+        "{err}"
+    );
+    assert!(
+        guard.objects().0.is_empty(),
+        "nothing is created: {:?}",
+        guard.objects()
+    );
+
+    // Without the label the steps give the node, the global proxy is refused at once.
+    let out = case.berth(&["up"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = stderr(&out);
+    assert!(
+        err.contains("proxy edge-global: Swarm cannot place its tasks")
+            && err.contains("node.labels.edge == true")
+            && err.contains("--label-add edge=true"),
+        "{err}"
+    );
+
+    // The steps as written (the Swarm exists: the harness made it fresh, without labels).
+    for step in &steps[1..] {
+        let out = if step.starts_with("docker ") {
+            let out = std::process::Command::new("sh")
+                .args(["-c", step])
+                .output()
+                .unwrap();
+            if let Some(label) = step.split("--label-add ").nth(1) {
+                let key = label.split('=').next().unwrap();
+                guard.labelled(guard.nodes.manager_node(), key);
+            }
+            out
+        } else {
+            assert!(
+                step.starts_with("berth "),
+                "a step of berth or docker: {step}"
+            );
+            let args = berth_args(step);
+            case.berth_as_user(&args.iter().map(String::as_str).collect::<Vec<_>>())
+        };
+        assert!(out.status.success(), "{step}: {}", stderr(&out));
+        if step.ends_with(" up") {
+            assert_eq!(
+                common::serve::http_get(web, "/").map(|r| r.1),
+                Some("hello from a Swarm\n".into())
+            );
+            assert_eq!(
+                common::serve::http_get(edge_web, "/").map(|r| r.1),
+                Some("hello from every edge node\n".into())
+            );
+            // The default is the agent: the tasks run the derived image.
+            for s in ["berth-edge", "berth-edge-global"] {
+                let image = service(s)["Spec"]["TaskTemplate"]["ContainerSpec"]["Image"].clone();
+                assert!(
+                    image.as_str().unwrap().starts_with("berth-agent/envoy:"),
+                    "{s}: {image}"
+                );
+            }
+        }
+    }
+    assert!(steps.last().unwrap().ends_with(" down"), "{steps:?}");
+    assert!(guard.objects().0.is_empty(), "{:?}", guard.objects());
 }

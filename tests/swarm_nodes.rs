@@ -11,7 +11,9 @@
 //!   forwards with the service (it cannot pull it without them);
 //! - `docker node update --availability drain` of the worker: its tasks drain (their
 //!   connections end gracefully, none is reset) and stop there (global) or move to the
-//!   manager (replicated), while the manager's tasks serve on.
+//!   manager (replicated), while the manager's tasks serve on;
+//! - a route change under load on both nodes reaches both tasks live through their agents,
+//!   each task's Envoy confirming it: 0 failed requests, no task replaced, no new spec.
 //!
 //! Run it on its own: `cargo test --test swarm_nodes` (as root: it makes a network namespace
 //! and a second engine).
@@ -116,8 +118,7 @@ fn one_on_each(guard: &SwarmGuard, image: &str) -> Vec<(String, String)> {
 /// `berth up` of a proxy with one task of `image` per node, then those tasks.
 fn up_on_both(case: &SwarmCase, image: &str) {
     case.up_ok();
-    // Until berth waits for every eligible node's task of a global proxy (issue 20 A), `up`
-    // may return once the first one runs.
+    // `up` waits for a running task on every eligible node; status reads them back.
     wait_until("one task on each node", Duration::from_secs(30), || {
         tasks_by_node(case) == one_on_each(case.guard, image)
     });
@@ -378,4 +379,76 @@ async fn draining_the_worker_moves_a_replicated_proxy_gracefully() {
                 .all(|r| r["node"] == manager.as_str() && r["ready"] == true)
     });
     assert_eq!(get(guard.nodes.worker_addr(), port), None);
+}
+
+/// The body of one GET to `addr:port`.
+fn body(addr: IpAddr, port: u16) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-s", "-m", "3"])
+        .arg(format!("http://{addr}:{port}/"))
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).to_string()
+}
+
+/// The tasks of the case's proxy (Envoy node ids: `<service>.<node id>.<task id>`), sorted.
+fn task_names(case: &SwarmCase) -> Vec<String> {
+    let mut names: Vec<String> = case
+        .status()
+        .iter()
+        .filter_map(|r| r["service_node"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_route_change_reaches_both_nodes_live_without_a_rolling_update() {
+    let Some(guard) = scenario("a_route_change_reaches_both_nodes_live_without_a_rolling_update")
+    else {
+        return;
+    };
+    let case = SwarmCase::new(&guard);
+    let port = free_port();
+    let toml =
+        |text: &str| proxy_toml("twolive", NEW, port, GLOBAL).replace("hello from two nodes", text);
+    case.write(&toml("before"));
+    up_on_both(&case, NEW);
+    let (m, w) = (guard.nodes.manager_addr(), guard.nodes.worker_addr());
+    assert_eq!(
+        (body(m, port), body(w, port)),
+        ("before\n".into(), "before\n".into())
+    );
+    let tasks = task_names(&case);
+    let spec = || service("berth-twolive")["Spec"]["Labels"]["io.berth.spec-hash"].clone();
+    let spec_before = spec();
+
+    // A route change under load on both nodes: delivered through the agents, confirmed by
+    // each task's Envoy before `up` returns; no task replaced, no new spec.
+    let (on_manager, on_worker) = load_on_both(&guard, port, false);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    case.write(&toml("after"));
+    let started = Instant::now();
+    let out = case.up_ok();
+    let took = started.elapsed();
+    assert_eq!(
+        (body(m, port), body(w, port)),
+        ("after\n".into(), "after\n".into())
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let what = |node: &str| {
+        format!(
+            "a live route change in {:.2}s, load on {node}",
+            took.as_secs_f64()
+        )
+    };
+    assert_no_failures(&what("the manager"), &on_manager.stop().await);
+    assert_no_failures(&what("the worker"), &on_worker.stop().await);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        said.contains("confirmed by 2 task(s) through their agents"),
+        "{said}"
+    );
+    assert_eq!(task_names(&case), tasks, "no task replaced");
+    assert_eq!(spec(), spec_before, "no new spec: no rolling update");
 }

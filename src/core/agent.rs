@@ -68,3 +68,22 @@ pub fn service_env(
         (ENV_CONFIG_VERSION.to_string(), config_version.to_string()),
     ])
 }
+
+/// The agent channel (`infra::swarm::hub` and `edges::agent::channel`): the environment of a
+/// task whose watched files come through it, and the names in its certificates.
+pub mod channel {
+    pub const ENV_MANAGER: &str = "BERTH_AGENT_MANAGER";
+    pub const ENV_PROXY: &str = "BERTH_AGENT_PROXY";
+    pub const ENV_WATCHED: &str = "BERTH_AGENT_WATCHED_DIR";
+    pub const ENV_BASELINE: &str = "BERTH_AGENT_BASELINE_DIR";
+    pub const ENV_CREDENTIALS: &str = "BERTH_AGENT_CREDENTIALS_DIR";
+    /// Files in the credentials directory.
+    pub const CA_FILE: &str = "ca.pem";
+    pub const CERT_FILE: &str = "cert.pem";
+    pub const KEY_FILE: &str = "key.pem";
+    /// The name in the manager's certificate, which agents check (the address they dial may be
+    /// any of the manager's).
+    pub const MANAGER_NAME: &str = "berth-manager";
+    /// The port the berth holding the state directory listens on for its Swarm agents.
+    pub const PORT: u16 = 7950;
+}

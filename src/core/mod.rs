@@ -7,6 +7,7 @@
 //! May use: nothing else of berth. Every other layer may use it.
 
 pub mod agent;
+pub mod agent_wire;
 pub mod backend_tls;
 pub mod certificates;
 pub mod crashpoint;

@@ -21,6 +21,14 @@ pub struct SwarmSettings {
     /// `registry = "host[:port][/path]"`: where berth pushes the derived agent image so every
     /// node can pull it (required on a Swarm of more than one node).
     pub registry: Option<String>,
+    /// `agent = false`: tasks run Envoy's own entrypoint, without the berth agent. Costly and
+    /// never the default: Swarm then stops a replaced task with a signal and Envoy exits at
+    /// once, cutting its connections, a task counts as ready once it runs, and a route change is
+    /// a rolling update (docs/swarm.md).
+    pub no_agent: bool,
+    /// `agent_address = "IP[:PORT]"`: where the agents dial this manager; default: the manager
+    /// node's Swarm address, port [`crate::core::agent::channel::PORT`].
+    pub agent_address: Option<std::net::SocketAddr>,
 }
 
 /// How an entry point wants the host treated.

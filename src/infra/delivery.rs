@@ -413,7 +413,7 @@ pub async fn update(
 
 /// Waits until every replica's admin `/certs` lists each of `serials` (the listener
 /// certificates it must serve), until `timeout` after the last stage.
-async fn certificates_served(
+pub async fn certificates_served(
     replicas: &[Replica],
     serials: &[String],
     started: Instant,
@@ -458,13 +458,15 @@ async fn certificates_served(
         .collect()
 }
 
-enum StageError {
+/// Why a stage did not go through.
+pub enum StageError {
     Io(anyhow::Error),
     Unconfirmed(BTreeMap<String, Ack>),
 }
 
-/// Writes one stage and waits for every replica to confirm it.
-async fn apply(
+/// Writes one stage and waits for every replica to confirm it (a Swarm task's agent does the
+/// same for its own Envoy).
+pub async fn apply(
     dir: &Path,
     stage: &Stage,
     replicas: &[Replica],
@@ -525,7 +527,7 @@ async fn restore(
 }
 
 /// Renames a stage's files into `dir` and removes its removals. Returns the renames made.
-fn write_stage(dir: &Path, stage: &Stage) -> Result<u64> {
+pub fn write_stage(dir: &Path, stage: &Stage) -> Result<u64> {
     std::fs::DirBuilder::new()
         .recursive(true)
         .create(dir)

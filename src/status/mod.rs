@@ -9,7 +9,7 @@ pub mod certificates;
 pub mod metrics;
 pub mod record;
 
-use crate::engine::RunState;
+use crate::core::replica::RunState;
 pub use crate::infra::ReplicaStatus;
 use record::Record;
 

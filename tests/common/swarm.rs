@@ -110,6 +110,11 @@ impl SwarmGuard {
         locked(&self.node_labels).push((node.to_string(), key.to_string()));
     }
 
+    /// Records a label something else added to `node` (removed on drop like the others).
+    pub fn labelled(&self, node: &str, key: &str) {
+        locked(&self.node_labels).push((node.to_string(), key.to_string()));
+    }
+
     /// `docker node update --availability <availability> <node>` (active again on drop).
     pub fn set_availability(&self, node: &str, availability: &str) {
         docker_ok(&["node", "update", "--availability", availability, node]);
@@ -255,10 +260,30 @@ impl<'a> SwarmCase<'a> {
     /// `berth <args>` with `env` set; with `-f <config>` when `config`, else from a directory
     /// without a berth.toml (the state directory still named).
     pub fn berth_with(&self, env: &[(&str, &Path)], config: bool, args: &[&str]) -> Output {
+        self.run_berth(env, config, true, args)
+    }
+
+    /// `berth <args>` as a user runs it: without `BERTH_AGENT_BINARY` (berth finds the agent
+    /// itself), `-f` only when `args` say so.
+    pub fn berth_as_user(&self, args: &[&str]) -> Output {
+        self.run_berth(&[], false, false, args)
+    }
+
+    fn run_berth(
+        &self,
+        env: &[(&str, &Path)],
+        config: bool,
+        agent_binary_set: bool,
+        args: &[&str],
+    ) -> Output {
         let elsewhere = short_tempdir();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_berth"));
-        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN)
-            .env("BERTH_AGENT_BINARY", agent_binary());
+        cmd.env("BERTH_SYSCTL_DROPIN", super::TEST_SYSCTL_DROPIN);
+        if agent_binary_set {
+            cmd.env("BERTH_AGENT_BINARY", agent_binary());
+        } else {
+            cmd.env_remove("BERTH_AGENT_BINARY");
+        }
         if self.guard.nodes.count > 1 {
             // Logged in to the harness's registry: berth pushes there and forwards these.
             cmd.env("DOCKER_CONFIG", self.guard.nodes.docker_config());
@@ -266,7 +291,7 @@ impl<'a> SwarmCase<'a> {
         cmd.envs(env.iter().map(|(k, v)| (*k, v.as_os_str())));
         if config {
             cmd.arg("-f").arg(self.config());
-        } else {
+        } else if agent_binary_set {
             cmd.current_dir(elsewhere.path());
         }
         let out = cmd

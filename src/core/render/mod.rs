@@ -17,6 +17,7 @@
 pub mod cache;
 pub mod descriptors;
 pub mod escape;
+pub mod inotify;
 pub mod overrides;
 pub mod validation;
 pub mod view;
@@ -45,7 +46,7 @@ pub struct Rendered {
     /// ([`SDS_XDS_CERTIFICATE_FILE`], [`SDS_XDS_TRUSTED_CA_FILE`]) in xds mode.
     pub xds: BTreeMap<String, String>,
     /// The inotify instances one replica holds for these files
-    /// ([`crate::host::inotify::per_replica`]), counted from the documents as they were parsed
+    /// ([`inotify::per_replica`]), counted from the documents as they were parsed
     /// back here, so the host's needs cost no second parse.
     pub inotify_per_replica: u32,
 }
@@ -257,7 +258,7 @@ impl Renderer {
         Ok(Rendered {
             bootstrap,
             xds,
-            inotify_per_replica: crate::host::inotify::per_replica(&docs),
+            inotify_per_replica: inotify::per_replica(&docs),
         })
     }
 

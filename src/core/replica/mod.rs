@@ -6,6 +6,8 @@
 //! replica count. The few per-replica parts (container name, `--service-node`, admin socket
 //! directory) come from [`ReplicaContainer::new`].
 
+pub mod container;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -14,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::core::ir;
 use crate::core::layout::{self, ProxyDirs};
-pub use crate::engine::{
+pub use container::{
     ContainerInfo, Hardening, LiveSettings, Mount, Network, ObservedContainer, ReplicaContainer,
     RunState, User,
 };
@@ -174,7 +176,7 @@ impl ObservedContainer {
 }
 
 /// The restart policy every replica has (DESIGN decision 8).
-pub const RESTART_POLICY: &str = crate::engine::RESTART_UNLESS_STOPPED;
+pub const RESTART_POLICY: &str = container::RESTART_UNLESS_STOPPED;
 
 /// The user every replica runs as by default: `101:101`, the `envoy` user of Envoy's official
 /// image and of `scripts/envoy-image.sh`, whatever `USER` the image declares. SO_REUSEPORT only

@@ -617,7 +617,7 @@ fn replica_container_adds_service_node_run_dir_and_berths_labels() {
     assert_eq!(r.hardening.user, REPLICA_USER);
     assert!(r.hardening.read_only_rootfs && r.hardening.cap_drop_all);
     assert!(r.hardening.no_new_privileges);
-    assert_eq!(r.network, crate::engine::Network::Host);
+    assert_eq!(r.network, crate::core::replica::container::Network::Host);
     assert_eq!(r.restart_policy, RESTART_POLICY);
 
     // --service-node right after --service-cluster; extra args still last.

@@ -12,6 +12,7 @@
 //! Settings ([`settings`]) come from the environment a service sets ([`service_env`]), flags
 //! overriding, so the image's HEALTHCHECK needs no arguments.
 
+pub mod channel;
 pub mod health;
 pub mod run;
 pub mod settings;

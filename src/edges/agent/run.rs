@@ -38,6 +38,17 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
     // Handlers first: a stop signal that comes while Envoy starts must still drain it.
     let mut stop = Stops::new()?;
     let mut forwarded = Forwarded::new()?;
+    // With the agent channel: the watched files come from the manager (the baseline the
+    // service spec carries until it answers), and Envoy starts once they are current.
+    let (envoy_up, envoy_up_rx) = tokio::sync::watch::channel(false);
+    if let Some(channel) = super::channel::ChannelSettings::from_env(settings.admin_socket.clone())?
+    {
+        super::channel::seed_watched(&channel)?;
+        let (synced, mut synced_rx) = tokio::sync::watch::channel(false);
+        tokio::spawn(super::channel::keep(channel, synced, envoy_up_rx));
+        let _ =
+            tokio::time::timeout(super::channel::STARTUP_SYNC, synced_rx.wait_for(|s| *s)).await;
+    }
     let mut child = Command::new(program)
         .args(args)
         .process_group(0)
@@ -47,6 +58,7 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
         .id()
         .context("Envoy exited before it could be watched")? as i32;
     say(&format!("started Envoy ({program}), pid {pid}"));
+    let _ = envoy_up.send(true);
 
     let why = loop {
         tokio::select! {

@@ -21,7 +21,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use super::Shared;
-use crate::engine::RunState;
+use crate::core::replica::RunState;
 use crate::status::metrics::{merge_envoy, MAX_ENVOY_SAMPLES};
 use crate::status::record::{Condition, RolloutRecord};
 

@@ -12,8 +12,12 @@
 pub mod agent_binary;
 pub mod agent_image;
 mod events;
+pub mod hub;
 mod images;
+mod live;
 mod objects;
+pub mod pki;
+mod placement;
 pub mod service;
 mod tasks;
 #[cfg(test)]
@@ -55,6 +59,13 @@ pub struct Swarm {
     host_network: String,
     /// `[swarm] registry`: where the derived agent image is pushed for every node to pull.
     registry: Option<String>,
+    /// `[swarm] agent = false`: Envoy's own entrypoint, chosen knowingly.
+    no_agent: bool,
+    /// Where the agents dial this manager (`[swarm] agent_address`, else this node's Swarm
+    /// address).
+    agent_address: std::net::SocketAddr,
+    /// The agent channel, started by the first converge that needs it.
+    hub: tokio::sync::OnceCell<hub::Hub>,
     /// How many nodes the Swarm had when berth connected.
     nodes: usize,
     /// Derived images this process pushed already, local tag → pinned registry reference
@@ -84,6 +95,14 @@ impl Swarm {
             .await
             .map_err(|e| anyhow!("{}: {e}", engine.describe()))?;
         let swarm = info.swarm.unwrap_or_default();
+        let node_addr = swarm
+            .node_addr
+            .as_deref()
+            .and_then(|a| a.parse::<std::net::IpAddr>().ok())
+            .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST));
+        let agent_address = settings
+            .agent_address
+            .unwrap_or((node_addr, crate::core::agent::channel::PORT).into());
         let node_state = swarm
             .local_node_state
             .map(|s| s.to_string())
@@ -125,6 +144,9 @@ impl Swarm {
             extra_labels,
             host_network,
             registry: settings.registry,
+            no_agent: settings.no_agent,
+            agent_address,
+            hub: tokio::sync::OnceCell::new(),
             nodes,
             pushed: Default::default(),
             description,
@@ -218,8 +240,9 @@ impl Swarm {
     }
 
     /// How each task starts Envoy: through the agent in the derived image (built when `build`,
-    /// else only named, for `diff`), or, when berth has no static agent binary, the image's
-    /// own entrypoint, with a note that tasks then stop without draining.
+    /// else only named, for `diff`), or the image's own entrypoint when the config says
+    /// `[swarm] agent = false`. Without a static agent binary, converging refuses (a lossy
+    /// mode is never what a user gets by not knowing a setting); `diff` says so and goes on.
     async fn entrypoint(
         &self,
         target: &Target,
@@ -227,11 +250,21 @@ impl Swarm {
         build: bool,
     ) -> Result<Entrypoint, ConvergeError> {
         let name = target.name();
+        if self.no_agent {
+            return Ok(Entrypoint::Plain);
+        }
         let binary = match crate::infra::swarm::agent_binary::locate() {
             Ok(b) => b,
+            Err(e) if build => {
+                return Err(ConvergeError::Host {
+                    problem: format!(
+                        "proxy {name}: the berth agent drains each task Swarm replaces and answers its health check, and berth cannot provide it: {e:#}; or, knowing that every rolling update then cuts the replaced tasks' connections, set `[swarm] agent = false`"
+                    ),
+                })
+            }
             Err(e) => {
                 reporter.event(Event::new(name, "note").message(format!(
-                    "no agent: Swarm stops each replaced task at once, cutting its connections, and a task counts as ready once it runs ({e:#})"
+                    "`up` will refuse: no agent binary ({e:#})"
                 )));
                 return Ok(Entrypoint::Plain);
             }
@@ -267,7 +300,7 @@ impl Swarm {
                         .get(&local)
                         .cloned();
                     if let Some(pinned) = known {
-                        return Ok(self.agent_entrypoint(target, pinned));
+                        return self.agent_entrypoint(target, pinned, true).map_err(host);
                     }
                     reporter.waiting(format!("{name}: pushing the agent image to {registry}"));
                     let pinned = crate::infra::swarm::agent_image::publish(
@@ -308,13 +341,24 @@ impl Swarm {
                 Some(registry) => crate::infra::swarm::agent_image::in_registry(&local, registry),
             }
         };
-        Ok(self.agent_entrypoint(target, image))
+        self.agent_entrypoint(target, image, build).map_err(host)
     }
 
-    /// The agent's settings for `target`'s tasks, running `image`.
-    fn agent_entrypoint(&self, target: &Target, image: String) -> Entrypoint {
-        let version = config_version(target);
-        Entrypoint::Agent(service::AgentSettings {
+    /// The agent's settings for `target`'s tasks, running `image`; with the agent channel for a
+    /// proxy whose routes and clusters are watched files (its credentials made when `create`).
+    fn agent_entrypoint(
+        &self,
+        target: &Target,
+        image: String,
+        create: bool,
+    ) -> anyhow::Result<Entrypoint> {
+        let channel = if live(target) {
+            Some(self.channel(target.name(), create)?)
+        } else {
+            None
+        };
+        let version = config_version(target, channel.is_some());
+        Ok(Entrypoint::Agent(service::AgentSettings {
             image,
             env: crate::core::agent::service_env(
                 &target.desired.shutdown,
@@ -326,7 +370,8 @@ impl Swarm {
                 .map(|s| s.to_string())
                 .collect(),
             stop_grace_period: crate::core::agent::stop_grace_period(&target.desired.shutdown),
-        })
+            channel,
+        }))
     }
 
     /// The Docker client's credentials for `[swarm] registry`, sent with a service's spec so
@@ -353,6 +398,7 @@ impl Swarm {
         target: &Target,
         reporter: &Reporter,
         ids: &BTreeMap<String, String>,
+        watched: Option<&BTreeMap<String, String>>,
     ) -> Result<(ServicePlan, Entrypoint), ConvergeError> {
         let image_id = self
             .engine
@@ -366,6 +412,7 @@ impl Swarm {
             state_dir: &state_dir,
             extra_labels: &self.extra_labels,
             entrypoint: &entrypoint,
+            watched,
         };
         Ok((service::plan(target, &cx, ids), entrypoint))
     }
@@ -462,10 +509,12 @@ impl Swarm {
                     _ => {}
                 }
             }
-            if started_at.elapsed() > rollout.startup_deadline {
-                if let Some(stuck) = self.stuck(target, &plan.hash, before.is_none()).await? {
-                    return Err(self.failure(target, plan, None, stuck).await);
-                }
+            let past_deadline = started_at.elapsed() > rollout.startup_deadline;
+            if let Some(stuck) = self
+                .stuck(target, &plan.hash, before.is_none(), past_deadline)
+                .await?
+            {
+                return Err(self.failure(target, plan, None, stuck).await);
             }
             if tokio::time::Instant::now() > deadline {
                 let message = format!(
@@ -485,16 +534,57 @@ impl Swarm {
 }
 
 /// The version of the files a task is given (its agent reports it in every health check):
-/// the first 12 hex of sha256 over the bootstrap and the watched files.
-fn config_version(target: &Target) -> String {
+/// the first 12 hex of sha256 over the bootstrap and, unless they come through the agent
+/// channel (`live`: Envoy's accepted versions say which it serves), the watched files.
+fn config_version(target: &Target, live: bool) -> String {
     let mut all = target.rendered.bootstrap.clone();
-    for (name, text) in &target.rendered.xds {
+    let watched = if live {
+        BTreeMap::new()
+    } else {
+        target.rendered.xds.clone()
+    };
+    for (name, text) in &watched {
         all.push('\0');
         all.push_str(name);
         all.push('\0');
         all.push_str(text);
     }
     crate::core::replica::sha256_hex(all.as_bytes())[..12].to_string()
+}
+
+/// An error of the host's side, in the words it came with.
+fn host(e: anyhow::Error) -> ConvergeError {
+    ConvergeError::Host {
+        problem: format!("{e:#}"),
+    }
+}
+
+/// Whether a proxy's watched files reach its tasks through the agent channel: routes and
+/// clusters of its own (standalone). An xDS-mode proxy gets them from its xDS server.
+fn live(target: &Target) -> bool {
+    matches!(
+        target.proxy.routing,
+        crate::core::ir::Routing::Standalone(_)
+    )
+}
+
+/// Keeps the service's own config and secret references in `plan` (same spec: only the count
+/// changes, and the baseline must not, or Swarm would roll every task).
+fn keep_files_of(plan: &mut ServicePlan, s: &Service) {
+    let live = s
+        .spec
+        .as_ref()
+        .and_then(|s| s.task_template.as_ref())
+        .and_then(|t| t.container_spec.as_ref());
+    let want = plan
+        .spec
+        .task_template
+        .as_mut()
+        .and_then(|t| t.container_spec.as_mut());
+    if let (Some(live), Some(want)) = (live, want) {
+        want.configs = live.configs.clone();
+        want.secrets = live.secrets.clone();
+    }
 }
 
 /// The spec hash a service carries.
@@ -523,6 +613,8 @@ fn drift(s: &Service, plan: &ServicePlan) -> Option<String> {
             .configs
             .iter()
             .flatten()
+            // A live task's baseline follows the deliveries only at the next rolling update.
+            .filter(|r| !service::is_baseline(r.file.as_ref().and_then(|f| f.name.as_deref())))
             .filter_map(|r| r.config_name.clone())
             .chain(
                 c.secrets
@@ -645,6 +737,7 @@ impl Infrastructure for Swarm {
                 state_dir: &state_dir,
                 extra_labels: &self.extra_labels,
                 entrypoint: &entrypoint,
+                watched: None,
             };
             let want = service::plan(t, &cx, &BTreeMap::new());
             let tasks = match services.get(&name) {
@@ -652,7 +745,7 @@ impl Infrastructure for Swarm {
                 None => Vec::new(),
             };
             let wanted = if t.proxy.placement.global {
-                self.node_count().await.max(1)
+                self.eligible_nodes(t).await.unwrap_or(0) as u32
             } else {
                 t.desired.replicas
             };
@@ -713,10 +806,22 @@ impl Infrastructure for Swarm {
         let target = req.target;
         let name = target.name();
         let reporter = req.reporter;
+        // A proxy no node can run is said at once (a global service would have no task to
+        // fail), before anything changes.
+        self.eligible_nodes(target).await?;
         let current = self.service(name).await?;
-        let (plan, _) = self
-            .service_plan(target, reporter, &BTreeMap::new())
+        // The watched files, stamped: what the tasks serve now, and what they are to serve (a
+        // live task's baseline when its service rolls, else delivered through the agents).
+        let previous = self.state.read_xds(name)?;
+        let watched = live::next_files(target, &previous, req.generation, req.hold_files);
+        let (mut plan, entrypoint) = self
+            .service_plan(target, reporter, &BTreeMap::new(), Some(&watched))
             .await?;
+        let channel = matches!(&entrypoint, Entrypoint::Agent(a) if a.channel.is_some());
+        if channel {
+            // Tasks that start now dial it (and a task started by the rollout below catches up).
+            self.hub().await?;
+        }
         let same_spec = current.as_ref().and_then(service_hash) == Some(plan.hash.as_str())
             && current.as_ref().is_none_or(|s| drift(s, &plan).is_none());
         if let Some(what) = current.as_ref().and_then(|s| drift(s, &plan)) {
@@ -731,7 +836,8 @@ impl Infrastructure for Swarm {
                     || service_replicas(s) == Some(i64::from(target.desired.replicas)))
         });
         let mut actions = PlanSummary::default();
-        if !(same_spec && same_mode) {
+        let rolled = !(same_spec && same_mode);
+        if rolled {
             if !same_spec {
                 // Envoy checks the new files before Swarm rolls anything.
                 reporter.waiting(format!("{name}: validating the new config"));
@@ -739,7 +845,18 @@ impl Infrastructure for Swarm {
             }
             self.state.write_spec(&target.desired)?;
             let ids = self.create_objects(name, &plan.files, reporter).await?;
-            let (plan, _) = self.service_plan(target, reporter, &ids).await?;
+            plan = self
+                .service_plan(target, reporter, &ids, Some(&watched))
+                .await?
+                .0;
+            if let (true, Some(s)) = (same_spec, &current) {
+                // Only the count changes: the tasks keep the baseline they have.
+                keep_files_of(&mut plan, s);
+            }
+            if channel && !same_spec {
+                // The new tasks start from it: it is the current set from now on.
+                self.state.write_xds(name, &watched)?;
+            }
             let before = current
                 .as_ref()
                 .and_then(|s| s.update_status.as_ref())
@@ -767,7 +884,13 @@ impl Infrastructure for Swarm {
             } else {
                 None
             };
-            self.await_rollout(target, &plan, before, reporter).await?;
+            if let Err(e) = self.await_rollout(target, &plan, before, reporter).await {
+                if channel && !same_spec {
+                    // Swarm's rollback brings back tasks of the previous baseline.
+                    let _ = self.state.write_xds(name, &previous);
+                }
+                return Err(e);
+            }
             let after = self.running_tasks(name).await?.len();
             if current.is_none() {
                 actions.create = after;
@@ -781,10 +904,23 @@ impl Infrastructure for Swarm {
             }
             self.prune_objects(name).await?;
         }
+        let delivery = if !channel {
+            // Watched files are configs here: a change is a new spec, rolled above.
+            Delivery::Unchanged
+        } else if req.hold_files {
+            Delivery::Held
+        } else if rolled && !same_spec {
+            match live::changed(&previous, &watched) {
+                files if files.is_empty() => Delivery::Unchanged,
+                files => Delivery::Written { files },
+            }
+        } else {
+            self.deliver_live(target, &previous, &watched, req.confirm_timeout, reporter)
+                .await?
+        };
         let readiness = self.readiness(target).await?;
         Ok(Converged {
-            // Watched files are configs here: a change is a new spec, rolled above.
-            delivery: Delivery::Unchanged,
+            delivery,
             actions,
             readiness,
         })
@@ -838,13 +974,21 @@ impl Infrastructure for Swarm {
 }
 
 impl Swarm {
-    /// How many nodes the Swarm has (a global service runs a task on each eligible one).
-    async fn node_count(&self) -> u32 {
-        self.docker()
+    /// How many nodes can run the proxy's tasks now (its constraints met, available, ready): a
+    /// global service runs one task on each. None at all is an error naming the constraints.
+    pub(super) async fn eligible_nodes(&self, target: &Target) -> Result<usize, ConvergeError> {
+        let nodes = match self
+            .docker()
             .list_nodes(None::<bollard::query_parameters::ListNodesOptions>)
             .await
-            .map(|n| n.len() as u32)
-            .unwrap_or(1)
+        {
+            Ok(n) => n,
+            Err(e) => return Err(self.refused("list nodes", e).await),
+        };
+        let facts: Vec<placement::NodeFacts> = nodes.iter().map(placement::NodeFacts::of).collect();
+        placement::eligible(target.name(), &target.proxy.placement.constraints, &facts)
+            .map(|n| n.len())
+            .map_err(|problem| ConvergeError::Host { problem })
     }
 
     async fn readiness(&self, target: &Target) -> Result<ProxyReadiness, ConvergeError> {

@@ -69,6 +69,43 @@ pub struct AgentSettings {
     pub health_test: Vec<String>,
     /// Above the drain window, so Swarm never kills a draining task.
     pub stop_grace_period: Duration,
+    /// The watched files come through the agent channel (live), not as configs read once.
+    pub channel: Option<Channel>,
+}
+
+/// Where a task's agent dials the manager, and its credentials.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Channel {
+    pub manager: std::net::SocketAddr,
+    pub ca: String,
+    pub cert: String,
+    pub key: String,
+}
+
+impl std::fmt::Debug for Channel {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Channel")
+            .field("manager", &self.manager)
+            .finish()
+    }
+}
+
+/// Where a live task's service spec puts the watched files it starts from (its baseline); the
+/// agent copies them into the watched directory, a tmpfs, before Envoy starts.
+pub const BASELINE_DIR: &str = "/etc/berth/baseline";
+/// Where a live task's agent finds its channel credentials.
+pub const CREDENTIALS_DIR: &str = "/etc/berth/agent";
+/// The watched directory's tmpfs.
+const WATCHED_TMPFS_BYTES: i64 = 16 * 1024 * 1024;
+
+impl Entrypoint {
+    fn channel(&self) -> Option<&Channel> {
+        match self {
+            Entrypoint::Agent(a) => a.channel.as_ref(),
+            Entrypoint::Plain => None,
+        }
+    }
 }
 
 /// A config or secret a task reads.
@@ -81,6 +118,9 @@ pub struct FileObject {
     pub data: Vec<u8>,
     /// A private key: a Swarm secret (encrypted in the Raft log, tmpfs in the task), mode 0400.
     pub secret: bool,
+    /// A watched file of the baseline a live task starts from: left out of the spec hash (a
+    /// route change reaches the tasks through their agents, not as a rolling update).
+    pub baseline: bool,
 }
 
 impl std::fmt::Debug for FileObject {
@@ -115,6 +155,9 @@ pub struct Context<'a> {
     pub state_dir: &'a str,
     pub extra_labels: &'a BTreeMap<String, String>,
     pub entrypoint: &'a Entrypoint,
+    /// The watched files as stamped for the tasks (live tasks: their baseline); None: as
+    /// rendered.
+    pub watched: Option<&'a BTreeMap<String, String>>,
 }
 
 /// The labels that mark a Swarm object as this berth's (plus the test suite's).
@@ -135,12 +178,15 @@ pub fn ownership_labels(
     labels
 }
 
-/// The files of a proxy's tasks: the bootstrap, the watched files (read once at start here: a
-/// change is a new object and so a rolling update), and TLS material (keys as secrets).
-pub fn files(target: &Target) -> Vec<FileObject> {
+/// The files of a proxy's tasks: the bootstrap, the watched files (without the agent channel
+/// read once at start: a change is a new object and so a rolling update; with it, the baseline
+/// the agent starts from), the channel's credentials, and TLS material (keys as secrets).
+pub fn files(target: &Target, cx: &Context<'_>) -> Vec<FileObject> {
     let proxy = target.name();
     let mut out = Vec::new();
+    let live = cx.entrypoint.channel();
     let mut add = |path: String, data: Vec<u8>, secret: bool| {
+        let baseline = path.starts_with(BASELINE_DIR);
         let mut hashed = Vec::new();
         hashed.extend(proxy.as_bytes());
         hashed.push(0);
@@ -153,6 +199,7 @@ pub fn files(target: &Target) -> Vec<FileObject> {
             target: path,
             data,
             secret,
+            baseline,
         });
     };
     add(
@@ -160,11 +207,33 @@ pub fn files(target: &Target) -> Vec<FileObject> {
         target.rendered.bootstrap.clone().into_bytes(),
         false,
     );
-    for (file, text) in &target.rendered.xds {
+    let watched_dir = if live.is_some() {
+        BASELINE_DIR
+    } else {
+        layout::CONTAINER_XDS_DIR
+    };
+    for (file, text) in cx.watched.unwrap_or(&target.rendered.xds) {
         add(
-            format!("{}/{file}", layout::CONTAINER_XDS_DIR),
+            format!("{watched_dir}/{file}"),
             text.clone().into_bytes(),
             false,
+        );
+    }
+    if let Some(c) = live {
+        add(
+            format!("{CREDENTIALS_DIR}/ca.pem"),
+            c.ca.clone().into_bytes(),
+            false,
+        );
+        add(
+            format!("{CREDENTIALS_DIR}/cert.pem"),
+            c.cert.clone().into_bytes(),
+            false,
+        );
+        add(
+            format!("{CREDENTIALS_DIR}/key.pem"),
+            c.key.clone().into_bytes(),
+            true,
         );
     }
     match &target.proxy.routing {
@@ -204,7 +273,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
     let proxy = target.name().to_string();
     let desired = &target.desired;
     let spec = &desired.spec;
-    let files = files(target);
+    let files = files(target, cx);
 
     let mut env: BTreeMap<String, String> = spec.env.clone();
     let (image, health_check, stop_grace_period) = match cx.entrypoint {
@@ -217,6 +286,18 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
                 crate::core::agent::ENV_SERVICE_NODE.to_string(),
                 "{{.Task.Name}}".to_string(),
             );
+            if let Some(c) = &a.channel {
+                use crate::core::agent::channel as ch;
+                for (k, v) in [
+                    (ch::ENV_MANAGER, c.manager.to_string()),
+                    (ch::ENV_PROXY, proxy.clone()),
+                    (ch::ENV_WATCHED, layout::CONTAINER_XDS_DIR.to_string()),
+                    (ch::ENV_BASELINE, BASELINE_DIR.to_string()),
+                    (ch::ENV_CREDENTIALS, CREDENTIALS_DIR.to_string()),
+                ] {
+                    env.insert(k.to_string(), v);
+                }
+            }
             let ns = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
             (
                 a.image.clone(),
@@ -262,16 +343,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
             no_new_privileges: Some(true),
             ..Default::default()
         }),
-        mounts: Some(vec![Mount {
-            target: Some(layout::CONTAINER_RUN_DIR.into()),
-            typ: Some(MountType::TMPFS),
-            tmpfs_options: Some(MountTmpfsOptions {
-                size_bytes: Some(RUN_TMPFS_BYTES),
-                mode: Some(0o1777),
-                options: None,
-            }),
-            ..Default::default()
-        }]),
+        mounts: Some(mounts(cx.entrypoint.channel().is_some())),
         configs: Some(
             configs
                 .iter()
@@ -390,6 +462,26 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
     }
 }
 
+/// The task's tmpfs mounts: the admin socket's directory; with the agent channel, the watched
+/// directory the agent writes (the user's own, as the run directory: mode 1777).
+fn mounts(live: bool) -> Vec<Mount> {
+    let tmpfs = |target: &str, size: i64| Mount {
+        target: Some(target.into()),
+        typ: Some(MountType::TMPFS),
+        tmpfs_options: Some(MountTmpfsOptions {
+            size_bytes: Some(size),
+            mode: Some(0o1777),
+            options: None,
+        }),
+        ..Default::default()
+    };
+    let mut out = vec![tmpfs(layout::CONTAINER_RUN_DIR, RUN_TMPFS_BYTES)];
+    if live {
+        out.push(tmpfs(layout::CONTAINER_XDS_DIR, WATCHED_TMPFS_BYTES));
+    }
+    out
+}
+
 /// Replicated with the proxy's replica count, or global.
 pub fn mode(target: &Target) -> ServiceSpecMode {
     if target.proxy.placement.global {
@@ -418,6 +510,7 @@ fn hash_of(spec: &ServiceSpec, files: &[FileObject]) -> String {
     }
     let mut value = serde_json::to_value(spec).expect("a ServiceSpec serializes");
     strip_ids(&mut value);
+    strip_baseline(&mut value);
     // An image pinned by digest (the agent image pushed to `[swarm] registry`) counts by its
     // tag, which already names its content: `diff` can tell the hash without pushing.
     if let Some(image) = value
@@ -434,10 +527,32 @@ fn hash_of(spec: &ServiceSpec, files: &[FileObject]) -> String {
     let json = serde_json::to_vec(&Hashed {
         format: SWARM_FORMAT,
         spec: sorted(value),
-        files: files.iter().map(|f| f.name.as_str()).collect(),
+        files: files
+            .iter()
+            .filter(|f| !f.baseline)
+            .map(|f| f.name.as_str())
+            .collect(),
     })
     .expect("serializes");
     sha256_hex(&json)
+}
+
+/// The baseline's config references leave the hashed spec: a route change is no new spec.
+fn strip_baseline(v: &mut serde_json::Value) {
+    if let Some(serde_json::Value::Array(configs)) =
+        v.pointer_mut("/TaskTemplate/ContainerSpec/Configs")
+    {
+        configs.retain(|c| {
+            !c.pointer("/File/Name")
+                .and_then(|n| n.as_str())
+                .is_some_and(|n| n.starts_with(BASELINE_DIR))
+        });
+    }
+}
+
+/// Whether a config reference of a task spec is one of a live task's baseline files.
+pub fn is_baseline(target: Option<&str>) -> bool {
+    target.is_some_and(|t| t.starts_with(BASELINE_DIR))
 }
 
 fn strip_ids(v: &mut serde_json::Value) {

@@ -121,7 +121,7 @@ impl TaskView {
         }
     }
 
-    fn running(&self) -> bool {
+    pub(super) fn running(&self) -> bool {
         self.state == Some(TaskState::RUNNING)
     }
 
@@ -202,21 +202,25 @@ impl Swarm {
         let tasks = self.running_tasks(target.name()).await?;
         let all_current = tasks.iter().all(|t| t.running() && t.spec_hash == hash);
         let enough = if target.proxy.placement.global {
-            !tasks.is_empty()
+            // One on every node that can run it (its constraints met, available).
+            let eligible = self.eligible_nodes(target).await?;
+            !tasks.is_empty() && tasks.len() >= eligible
         } else {
             tasks.len() == target.desired.replicas as usize
         };
         Ok(all_current && enough)
     }
 
-    /// Why the rollout of spec `hash` cannot go on, once its startup deadline passed: a task
-    /// Swarm cannot place (no node matches the constraints, or none has the resources), or,
-    /// for a new service (`fresh`, where Swarm has no update to roll back), a task that failed.
+    /// Why the rollout of spec `hash` cannot go on: at once, a task Swarm cannot place (no node
+    /// matches the constraints, or none has the resources: Swarm says "no suitable node");
+    /// once the startup deadline passed (`past_deadline`), for a new service (`fresh`, where
+    /// Swarm has no update to roll back), a task that failed.
     pub(super) async fn stuck(
         &self,
         target: &Target,
         hash: &str,
         fresh: bool,
+        past_deadline: bool,
     ) -> Result<Option<String>, ConvergeError> {
         let tasks = self.tasks(target.name()).await?;
         let current = tasks.iter().filter(|t| t.spec_hash == hash);
@@ -236,7 +240,10 @@ impl Swarm {
                     }
                 )));
             }
-            if fresh && matches!(t.state, Some(TaskState::FAILED | TaskState::REJECTED)) {
+            if past_deadline
+                && fresh
+                && matches!(t.state, Some(TaskState::FAILED | TaskState::REJECTED))
+            {
                 return Ok(Some(format!(
                     "task {} failed: {why}; Swarm keeps restarting the new service's tasks",
                     t.name

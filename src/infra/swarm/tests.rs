@@ -58,6 +58,7 @@ fn plan_of(t: &Target, entrypoint: &Entrypoint) -> ServicePlan {
         state_dir: "/var/lib/b",
         extra_labels: &extra,
         entrypoint,
+        watched: None,
     };
     service::plan(t, &cx, &BTreeMap::new())
 }
@@ -148,6 +149,7 @@ fn the_agent_brings_its_image_health_check_and_grace_period() {
         env: BTreeMap::from([("BERTH_AGENT_PORTS".to_string(), "8080".to_string())]),
         health_test: vec!["CMD".into(), "/usr/local/bin/berth-agent".into()],
         stop_grace_period: std::time::Duration::from_secs(70),
+        channel: None,
     });
     let t = target_of(3, "hi", "rollback", "");
     let plain = plan_of(&t, &Entrypoint::Plain);
@@ -173,6 +175,7 @@ fn each_task_gets_its_own_node_id_through_a_template() {
         env: BTreeMap::new(),
         health_test: vec!["CMD".into()],
         stop_grace_period: std::time::Duration::from_secs(70),
+        channel: None,
     });
     let t = target_of(3, "hi", "rollback", "");
     let c = plan_of(&t, &agent)
@@ -199,6 +202,7 @@ fn an_image_pinned_by_digest_hashes_as_its_tag() {
             env: BTreeMap::new(),
             health_test: vec!["CMD".into()],
             stop_grace_period: std::time::Duration::from_secs(70),
+            channel: None,
         })
     };
     let t = target_of(3, "hi", "rollback", "");
@@ -303,4 +307,84 @@ fn the_registry_is_a_top_level_swarm_setting() {
     .unwrap_err()
     .to_string();
     assert!(errs.contains("registery"), "{errs}");
+}
+
+#[test]
+fn with_the_agent_channel_a_route_change_is_no_new_spec() {
+    let live = Entrypoint::Agent(service::AgentSettings {
+        image: "berth-agent/envoy:0123".into(),
+        env: BTreeMap::new(),
+        health_test: vec!["CMD".into()],
+        stop_grace_period: std::time::Duration::from_secs(70),
+        channel: Some(service::Channel {
+            manager: "10.0.0.1:7950".parse().unwrap(),
+            ca: "ca".into(),
+            cert: "cert".into(),
+            key: "key".into(),
+        }),
+    });
+    let hi = plan_of(&target_of(3, "hi", "rollback", ""), &live);
+    let bye = plan_of(&target_of(3, "bye", "rollback", ""), &live);
+    assert_eq!(
+        hi.hash, bye.hash,
+        "the watched files are the baseline, outside the hash"
+    );
+    assert_ne!(
+        hi.files
+            .iter()
+            .filter(|f| f.baseline)
+            .map(|f| &f.name)
+            .collect::<Vec<_>>(),
+        bye.files
+            .iter()
+            .filter(|f| f.baseline)
+            .map(|f| &f.name)
+            .collect::<Vec<_>>(),
+    );
+    let c = hi.spec.task_template.unwrap().container_spec.unwrap();
+    let env = c.env.unwrap();
+    assert!(
+        env.contains(&"BERTH_AGENT_MANAGER=10.0.0.1:7950".to_string()),
+        "{env:?}"
+    );
+    // The watched directory is a tmpfs the agent writes; the baseline and credentials are
+    // files of the spec, the key a secret.
+    let mounts: Vec<_> = c
+        .mounts
+        .unwrap()
+        .into_iter()
+        .filter_map(|m| m.target)
+        .collect();
+    assert!(
+        mounts.contains(&crate::core::layout::CONTAINER_XDS_DIR.to_string()),
+        "{mounts:?}"
+    );
+    let targets: Vec<String> = c
+        .configs
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| r.file?.name)
+        .collect();
+    assert!(
+        targets.iter().any(|t| t == "/etc/berth/baseline/lds.yaml"),
+        "{targets:?}"
+    );
+    assert!(
+        targets.iter().any(|t| t == "/etc/berth/agent/ca.pem"),
+        "{targets:?}"
+    );
+    let secrets: Vec<String> = c
+        .secrets
+        .unwrap()
+        .into_iter()
+        .filter_map(|r| r.file?.name)
+        .collect();
+    assert!(
+        secrets.iter().any(|t| t == "/etc/berth/agent/key.pem"),
+        "{secrets:?}"
+    );
+    // Without the channel a route change is a new spec, as before.
+    let plain_hi = plan_of(&target_of(3, "hi", "rollback", ""), &Entrypoint::Plain);
+    let plain_bye = plan_of(&target_of(3, "bye", "rollback", ""), &Entrypoint::Plain);
+    assert_ne!(plain_hi.hash, plain_bye.hash);
 }

@@ -6,7 +6,7 @@ use crate::core::ir;
 use crate::core::policy::EngineKind;
 
 const SWARM_KEYS: &[&str] = &["mode", "constraints"];
-const ROOT_SWARM_KEYS: &[&str] = &["registry"];
+const ROOT_SWARM_KEYS: &[&str] = &["registry", "agent", "agent_address"];
 /// The node attributes a Swarm placement constraint may test (Docker's `--constraint`).
 const CONSTRAINT_ATTRIBUTES: &[&str] = &[
     "node.id",
@@ -63,7 +63,33 @@ pub(super) fn settings(
             Err(m) => r.err(cx, m),
         }
     }
+    if let Some(a) = s.bool(cx, "agent") {
+        out.no_agent = !a.v;
+    }
+    if let Some(a) = s.str(cx, "agent_address") {
+        match agent_address(a.v) {
+            Some(addr) => out.agent_address = Some(addr),
+            None => a.err(
+                cx,
+                format!(
+                    "must be \"IP\" or \"IP:PORT\", an address of this manager every node reaches (the agents dial it; an address, not a name: the agent runs in images without a resolver; default port {}); got {}",
+                    crate::core::agent::channel::PORT,
+                    show(a.v)
+                ),
+            ),
+        }
+    }
     out
+}
+
+/// `IP` (port [`crate::core::agent::channel::PORT`]) or `IP:PORT`.
+fn agent_address(s: &str) -> Option<std::net::SocketAddr> {
+    if let Ok(ip) = s.parse::<std::net::IpAddr>() {
+        return Some((ip, crate::core::agent::channel::PORT).into());
+    }
+    s.parse::<std::net::SocketAddr>()
+        .ok()
+        .filter(|a| a.port() > 0)
 }
 
 /// A registry and repository path the derived image is pushed under: `host[:port][/path]`,
