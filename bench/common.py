@@ -5,7 +5,7 @@ prefix, its own compose project name, its own ports and its own temporary direct
 benchmarks (or a benchmark and the test suite, which uses `io.berth.test=1`) never touch each
 other's containers.
 """
-import os, re, shutil, signal, socket, subprocess, sys, time
+import datetime, os, platform, re, shutil, signal, socket, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every build of berth targets the host's triple explicitly (.cargo/config.toml: static linking).
@@ -329,3 +329,67 @@ def cleanup(label, dirs=(), compose_dir=None, project=None):
     remove_labelled(label)
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _first_line(args, any_status=False):
+    """The first line a tool prints (`wrk -v` exits 1), or "not installed"."""
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return "not installed"
+    out = (r.stdout or r.stderr).strip().splitlines()
+    return out[0] if (r.returncode == 0 or any_status) and out else "not installed"
+
+
+def _load():
+    with open("/proc/loadavg") as f:
+        return " ".join(f.read().split()[:3])
+
+
+def header(name):
+    """The facts a result is read with: what ran (commit, whether the tree differed from it),
+    the tools' versions, the host and its load average at the start."""
+    git = lambda *a: subprocess.run(["git", "-C", ROOT, *a], capture_output=True, text=True)
+    commit = git("rev-parse", "HEAD").stdout.strip() or "unknown"
+    dirty = git("diff", "--quiet", "HEAD", "--", "src", "templates", "bench", "scripts", "Cargo.toml",
+                "Cargo.lock", ":!bench/results").returncode != 0
+    envoy = []
+    for v in ("1.39.3", "1.40.0"):
+        out = _first_line(["docker", "run", "--rm", "--network", "none", f"berth/envoy:{v}", "--version"])
+        m = re.search(r"version: (\S+)", out)
+        envoy.append(f"berth/envoy:{v} {m.group(1) if m else out}")
+    with open("/proc/meminfo") as f:
+        mem = int(re.search(r"MemTotal:\s+(\d+)", f.read()).group(1)) / 1048576
+    rows = [
+        ("date", datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")),
+        ("commit", commit + (" (with uncommitted changes)" if dirty else "")),
+        ("berth", f"{_first_line([BERTH, '--version'])} ({BERTH})"),
+        ("docker", _first_line(["docker", "version", "--format",
+                                "engine {{.Server.Version}}, client {{.Client.Version}}"])),
+        ("docker-compose", f"{_first_line(['docker-compose', 'version', '--short'])} "
+                           f"(Debian package, Python {platform.python_version()})"),
+        ("wrk", " ".join(_first_line(["wrk", "-v"], any_status=True).split()[:2])),
+        ("envoy", "; ".join(envoy)),
+        ("host", f"{platform.system()} {platform.release()}, {os.cpu_count()} cores, {mem:.0f} GiB"),
+        ("load", f"{_load()} (1/5/15-minute load average at the start)"),
+    ]
+    print(f"# scripts/bench.sh {name}")
+    for k, v in rows:
+        print(f"{k + ':':<16}{v}")
+    print("note:           one modest run; other work on the host adds noise: compare the two sides")
+    print("                of one run, not runs with each other.")
+    print()
+    sys.stdout.flush()
+
+
+def run_benchmark(name, main):
+    """Runs a benchmark's main() between its header and a footer with the load average at the
+    end and the wall time: scripts/bench.sh writes what this prints to bench/results/NAME.txt,
+    and nothing else writes there."""
+    header(name)
+    t0 = time.monotonic()
+    rc = main()
+    print()
+    print(f"{'load:':<16}{_load()} (1/5/15-minute load average at the end)")
+    print(f"{'took:':<16}{time.monotonic() - t0:.0f} s")
+    return rc

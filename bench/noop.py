@@ -25,7 +25,7 @@ Its own label (io.berth.bench=noop), proxy names (nb*, nf0), compose project (bb
 import json, os, signal, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cleanup,  # noqa: E402
+from common import (run_benchmark, BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cleanup,  # noqa: E402
                     compose, compose_project, container_ids, fleet_toml, floor_list, floor_run,
                     remove_labelled, running, sh, terminate_on_sigterm, timed, wait_serving)
 
@@ -289,4 +289,4 @@ def report(scales, c, f3, fl):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_benchmark("noop", main))

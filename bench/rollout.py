@@ -31,7 +31,7 @@ Its own label (io.berth.bench=rollout), proxy name (rb0), compose project (bbrol
 import json, os, re, signal, statistics, subprocess, sys, tempfile, threading, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cleanup, compose, compose_project, fleet_toml,  # noqa: E402
+from common import (run_benchmark, BASE_PORT, CONCURRENCY, HostSysctls, bench_label, berth, cleanup, compose, compose_project, fleet_toml,  # noqa: E402
                     floor_run, remove_labelled, running, sh, terminate_on_sigterm, wait_serving)
 
 ROLLOUTS = int(os.environ.get("BENCH_ROLLOUTS", "10"))
@@ -314,4 +314,4 @@ def report(b, c, floors, floors_idle):
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_benchmark("rollout", main))

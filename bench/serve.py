@@ -5,7 +5,7 @@ One run, one table. Uses the release binary (scripts/bench.sh builds it) and cle
 import json, os, shutil, signal, socket, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BERTH, CONCURRENCY, IMAGE, SYSCTL_DROPIN, HostSysctls, fleet_toml, sh,  # noqa: E402
+from common import (run_benchmark, BERTH, CONCURRENCY, IMAGE, SYSCTL_DROPIN, HostSysctls, fleet_toml, sh,  # noqa: E402
                     terminate_on_sigterm)
 
 # Its own label, proxy names (sv0..sv9) and ports: other benchmarks use io.berth.bench=noop|rollout.
@@ -228,4 +228,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_benchmark("serve", main))

@@ -20,14 +20,14 @@ keep-alive load (30 connections, 2 threads, 127.0.0.1 only), UPDATES times each,
   any connection, the longest wait = the longest one connection waited for an answer
   (bench/gap.lua); update time = the command's wall time.
 
-Makes a single-node Swarm (--advertise-addr 127.0.0.1) when the engine is in none and leaves it
-afterwards; run it under the Docker lock. Its own label (io.berth.bench=swarm), proxies (bsw,
+Runs on a single-node Swarm made by the tests' harness (scripts/test-swarm.sh hold 1, under
+/tmp/berth-locks/swarm.lock), which leaves it afterwards. Its own label (io.berth.bench=swarm), proxies (bsw,
 bswplain) and ports (21800, 21801).
 """
 import os, statistics, subprocess, sys, tempfile, time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import (BASE_PORT, BERTH, HostSysctls, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
+from common import (run_benchmark, BASE_PORT, BERTH, HostSysctls, SYSCTL_DROPIN, bench_label, sh,  # noqa: E402
                     terminate_on_sigterm, wait_serving)
 import rollout  # noqa: E402
 from rollout import start_wrk, stop_wrk, children  # noqa: E402
@@ -153,14 +153,22 @@ def table(b, p):
     row("update commands that failed", lambda r: sum(1 for x in r if x["rc"] != 0))
 
 
+def hold_swarm():
+    """A single-node Swarm from the tests' harness (scripts/test-swarm.sh hold 1: it takes
+    /tmp/berth-locks/swarm.lock, sweeps a crashed run's leftovers, refuses a Swarm it did not
+    make), kept until its stdin closes."""
+    script = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts/test-swarm.sh")
+    holder = subprocess.Popen([script, "hold", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = holder.stdout.readline()
+    if not line.startswith("ready "):
+        holder.wait()
+        raise SystemExit(f"no Swarm: scripts/test-swarm.sh hold 1 exited {holder.returncode} (its reason above)")
+    return holder
+
+
 def main():
     terminate_on_sigterm()
-    state = sh("docker", "info", "--format", "{{.Swarm.LocalNodeState}}").stdout.strip()
-    made = state == "inactive"
-    if made:
-        sh("docker", "swarm", "init", "--advertise-addr", "127.0.0.1")
-    elif state != "active":
-        raise SystemExit(f"the engine's Swarm state is {state!r}; need none (one is made) or a manager")
+    swarm = hold_swarm()
     print(f"Rolling upgrades of a 3-task Envoy service ({OLD} <-> {NEW}) on a single-node Swarm, "
           f"under wrk load (30 keep-alive connections, 2 threads, 127.0.0.1), {UPDATES} updates each side.")
     print("Same load window on both sides (2 s, the update command, until 3 Envoy processes serve, 2 s).")
@@ -175,9 +183,9 @@ def main():
         for c in children:
             if c.poll() is None:
                 c.kill()
-        if made:
-            sh("docker", "swarm", "leave", "--force", check=False)
+        swarm.stdin.close()  # the harness leaves the Swarm and removes what it made
+        swarm.wait()
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_benchmark("swarm", main))

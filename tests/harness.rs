@@ -2,10 +2,12 @@
 //! - a test that cannot run fails under CI, saying why, and elsewhere is counted as skipped
 //!   after the harness's own count line (`common::skip`);
 //! - every `#[ignore]`d test is run by a CI script with `--ignored`, so ignoring a test never
-//!   takes it out of CI.
+//!   takes it out of CI;
+//! - a wait for a machine-wide lock is bounded and names the holder.
 
 mod common;
 
+use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
@@ -250,5 +252,79 @@ protocol = "h2"
     assert!(
         common::config::same_toml(&built, typed),
         "built:\n{built}\ntyped:\n{typed}"
+    );
+}
+
+/// A lock wait is bounded and names the holder (tests/common/locks.rs), so a stuck holder fails
+/// the waiting test instead of hanging the suite.
+#[test]
+fn a_lock_wait_gives_up_naming_the_holder() {
+    let name = format!("harness-{}.lock", std::process::id());
+    let path = format!("{}/{name}", common::locks::DIR);
+    std::fs::create_dir_all(common::locks::DIR).unwrap();
+    // Its own process group: `sleep` inherits the locked descriptor, so both must go.
+    let mut holder = Command::new("flock")
+        .args([&path, "sleep", "30"])
+        .process_group(0)
+        .spawn()
+        .expect("flock(1) from util-linux");
+    // The holder has the lock once /proc/locks says so.
+    let held = (0..100).any(|_| {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        !common::locks::holders(&path).is_empty()
+    });
+    let waited = std::panic::catch_unwind(|| {
+        common::locks::FileLock::take_within(&name, false, std::time::Duration::from_secs(1))
+    });
+    // SAFETY: a signal to the process group this test made.
+    unsafe { libc::kill(-(holder.id() as i32), libc::SIGKILL) };
+    let _ = holder.wait();
+    assert!(held, "flock never took {path}");
+    let why = waited.err().expect("the wait gave up");
+    let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(
+        why.contains("gave up after 1s") && why.contains(&format!("pid {}", holder.id())),
+        "{why}"
+    );
+    assert!(
+        why.contains("sleep 30"),
+        "names the holder's command: {why}"
+    );
+    // Once the holder is gone the lock is free.
+    drop(common::locks::FileLock::take_within(
+        &name,
+        false,
+        std::time::Duration::from_secs(1),
+    ));
+    let _ = std::fs::remove_file(&path);
+}
+
+/// docs/benchmarks.md quotes bench/results/*.txt, and names the commit of each file it quotes
+/// (the benchmark scripts write the commit into the file's header).
+#[test]
+fn the_benchmark_page_names_the_commit_of_each_result_it_quotes() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let page = std::fs::read_to_string(root.join("docs/benchmarks.md")).unwrap();
+    let mut unnamed = Vec::new();
+    for entry in std::fs::read_dir(root.join("bench/results")).unwrap() {
+        let path = entry.unwrap().path();
+        let file = path.file_name().unwrap().to_string_lossy().to_string();
+        if !page.contains(&format!("bench/results/{file}")) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let commit = text
+            .lines()
+            .find_map(|l| l.strip_prefix("commit:"))
+            .map(|c| c.trim().chars().take(7).collect::<String>())
+            .unwrap_or_else(|| panic!("{file} has no commit line: the scripts write one"));
+        if !page.contains(&commit) {
+            unnamed.push(format!("{file} (commit {commit})"));
+        }
+    }
+    assert!(
+        unnamed.is_empty(),
+        "docs/benchmarks.md quotes these without naming their commit: {}",
+        unnamed.join(", ")
     );
 }

@@ -51,9 +51,16 @@ impl Registry {
     }
 
     pub fn start() -> Registry {
+        Registry::start_as("127.0.0.1")
+    }
+
+    /// [`Registry::start`] on 127.0.0.1, named `name` in its image references (`localhost`:
+    /// the engine resolves it, and Docker trusts plain HTTP to what resolves into 127.0.0.0/8).
+    pub fn start_as(name: &str) -> Registry {
         let dir = short_tempdir();
         let port = free_port();
-        let host = format!("127.0.0.1:{port}");
+        let host = format!("{name}:{port}");
+        let listen = format!("127.0.0.1:{port}");
         let password = format!("pw-{}", unique("r"));
         let htpasswd = Command::new("htpasswd")
             .args(["-Bbn", USER, &password])
@@ -62,7 +69,7 @@ impl Registry {
         assert!(htpasswd.status.success());
         std::fs::write(dir.path().join("htpasswd"), &htpasswd.stdout).unwrap();
         let config = format!(
-            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\nhttp:\n  addr: {host}\nauth:\n  htpasswd:\n    realm: berth-test\n    path: {root}/htpasswd\n",
+            "version: 0.1\nlog:\n  level: warn\nstorage:\n  filesystem:\n    rootdirectory: {root}/data\nhttp:\n  addr: {listen}\nauth:\n  htpasswd:\n    realm: berth-test\n    path: {root}/htpasswd\n",
             root = dir.path().display()
         );
         std::fs::write(dir.path().join("config.yml"), config).unwrap();
