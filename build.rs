@@ -6,7 +6,7 @@
 //! - the descriptors of Envoy's `envoy.config.bootstrap.v3.Bootstrap` and every message it
 //!   reaches, from the Envoy API protos vendored in `proto/envoy-api/` (from the `envoy-types`
 //!   crate: scripts/vendor-envoy-protos.sh). berth merges a user's bootstrap into its own with
-//!   protobuf semantics ([`render::overrides`]), which needs to know which fields are lists,
+//!   protobuf semantics ([`core::render::overrides`]), which needs to know which fields are lists,
 //!   maps, oneofs and well-known types.
 //!
 //! It also records the git commit berth is built from (`BERTH_GIT_COMMIT`, for `berth

@@ -1,51 +1,28 @@
 //! berth runs Envoy proxy fleets as Docker containers on hosts without Kubernetes.
 //!
-//! Data flows one way, each stage a module:
-//! [`source`] (berth.toml, Envoy Gateway IR) → [`ir`] → [`render`] (bootstrap and watched
-//! files) → [`target`] (one proxy's desired state: IR, rendered files, [`replica`] spec and
-//! hash) → [`plan`] (pure: desired vs observed → actions).
-//! [`engine`] is the only module that talks to the container engine; [`admin`] is the client
-//! for a replica's Envoy admin API over its Unix socket; [`delivery`] puts new watched files in
-//! front of running replicas and waits for each to confirm them.
-//! [`serve`] is the long-running manager; [`eg_provider`] is Envoy Gateway's remote
-//! infrastructure service; [`status`] is what runs now; [`cli`] is the thin front.
-//! [`lock`] keeps one writer per state directory; [`control`] is serve's local API, to which
-//! `up` hands its request while serve holds the lock; [`exit`] says how a command ends (exit
-//! code and text), the same whether it ran locally or in serve. [`acme`] obtains and renews
-//! listener certificates from an ACME CA, answering its challenges through the proxy itself.
-//! [`agent`] is `berth agent`, the entrypoint of replicas that an orchestrator stops (Swarm):
-//! it drains its Envoy with the sequence in [`drain`], which berth itself uses on one host.
+//! The tree is in layers, each a folder whose opening comment says what it holds and what it
+//! may use (tests/layers.rs keeps those rules):
+//!
+//! - [`core`]: pure data and decisions: the IR, the sources that produce it (berth.toml, Envoy
+//!   Gateway IR), rendering, one proxy's desired state (target, replica spec and hash), the plan.
+//! - [`envoy`]: talking to one replica's Envoy: the admin client over its Unix socket, the one
+//!   readiness probe, the drain sequence, reading its log.
+//! - [`host`]: kernel settings a fleet needs and preflight. [`state`]: the state directory and
+//!   its one-writer lock.
+//! - [`engine`]: the container-engine seam and its adapters (the only bollard user).
+//! - [`infra`]: the infrastructure seam and its implementations (one Docker host, Swarm), and
+//!   delivery of watched files to running replicas.
+//! - [`ops`]: the use cases (`up`, `down`, `validate`, ...; ACME issuance), over the seam.
+//! - [`status`]: what runs now (rows, records, metrics).
+//! - [`edges`]: the fronts: the CLI, `berth serve`, its control API, Envoy Gateway's remote
+//!   provider, and `berth agent` (a Swarm replica's entrypoint).
 
-pub mod acme;
-pub mod admin;
-pub mod agent;
-pub mod backend_tls;
-pub mod certificates;
-pub mod cli;
-pub mod control;
-pub mod crashpoint;
-pub mod delivery;
-pub mod drain;
-pub mod eg_provider;
+pub mod core;
+pub mod edges;
 pub mod engine;
-pub mod envoy_log;
-pub mod exit;
+pub mod envoy;
 pub mod host;
-pub mod infrastructure;
-pub mod ir;
-pub mod layout;
-pub mod lock;
-pub mod logs;
-pub mod metrics;
-pub mod operations;
-pub mod plan;
-pub mod preflight;
-pub mod progress;
-pub mod readiness;
-pub mod render;
-pub mod replica;
-pub mod serve;
-pub mod source;
+pub mod infra;
+pub mod ops;
 pub mod state;
 pub mod status;
-pub mod target;

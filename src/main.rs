@@ -1,3 +1,3 @@
 fn main() {
-    std::process::exit(berth::cli::main());
+    std::process::exit(berth::edges::cli::main());
 }

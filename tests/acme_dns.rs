@@ -78,7 +78,7 @@ async fn served_names(port: u16, name: &str) -> Vec<String> {
     let sni = ServerName::try_from(name.to_string()).unwrap();
     let tls = common::tls::connector().connect(sni, stream).await.unwrap();
     let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].clone();
-    berth::acme::dns_names(
+    berth::ops::acme::dns_names(
         format!(
             "-----BEGIN CERTIFICATE-----\n{}\n-----END CERTIFICATE-----\n",
             base64_lines(leaf.as_ref())

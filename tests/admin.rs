@@ -5,9 +5,9 @@ mod common;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use berth::admin::{version_number, Admin, ReadyState};
 use berth::engine::{ContainerEngine, DockerEngine};
-use berth::preflight::tcp_ports_listened_by;
+use berth::envoy::admin::{version_number, Admin, ReadyState};
+use berth::host::preflight::tcp_ports_listened_by;
 use common::{ensure_test_image, free_port, wait_live, Cleanup, Fixture, TEST_VERSION};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;

@@ -18,13 +18,13 @@ use std::net::IpAddr;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use berth::agent;
+use berth::core::ir::Shutdown;
+use berth::core::layout;
+use berth::core::replica::{Mount, ReplicaContainer};
+use berth::edges::agent;
 use berth::engine::RESTART_NO;
 use berth::engine::{ContainerEngine, DockerEngine, RunState};
-use berth::ir::Shutdown;
-use berth::layout;
-use berth::readiness::Expect;
-use berth::replica::{Mount, ReplicaContainer};
+use berth::envoy::readiness::Expect;
 use common::fleet::{ensure_images, BROKEN, NEW};
 use common::host::{self, HostGuard};
 use common::load::{assert_no_failures, Load};
@@ -330,7 +330,9 @@ async fn envoy_killed_or_failing_at_start_ends_the_agent_with_its_status() {
         .into_iter()
         .collect();
     assert_eq!(
-        labels.get(agent::image::LABEL_BASE).map(String::as_str),
+        labels
+            .get(berth::infra::swarm::agent_image::LABEL_BASE)
+            .map(String::as_str),
         Some(BROKEN)
     );
 }

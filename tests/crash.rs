@@ -1,5 +1,5 @@
 //! Crash safety (issue 7 §1): berth is killed with SIGKILL at each distinct step of a rollout
-//! (`BERTH_CRASH_AT`, see `berth::crashpoint`), then `berth up` runs again. Required after each
+//! (`BERTH_CRASH_AT`, see `berth::core::crashpoint`), then `berth up` runs again. Required after each
 //! kill: the fleet converges to the desired spec, no orphaned container remains, every state
 //! file is whole, and, sampled throughout under keep-alive load, the proxy never has fewer than
 //! N−1 ready replicas (and no request fails).
@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use berth::admin::{Admin, ReadyState};
-use berth::crashpoint;
+use berth::core::crashpoint;
+use berth::core::layout;
+use berth::core::replica::{ObservedContainer, LABEL_NAME};
 use berth::engine::{ContainerEngine, DockerEngine};
-use berth::layout;
-use berth::replica::{ObservedContainer, LABEL_NAME};
+use berth::envoy::admin::{Admin, ReadyState};
 use common::fleet::*;
 use common::load::Load;
 

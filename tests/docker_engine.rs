@@ -6,12 +6,12 @@ mod common;
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use berth::engine::{ContainerEngine, DockerEngine, EngineError, Flavor, LabelFilter, OneShot};
-use berth::layout;
-use berth::replica::{
+use berth::core::layout;
+use berth::core::replica::{
     Mount, ReplicaContainer, RunState, LABEL_MANAGED_BY, LABEL_PROXY, LABEL_TEST, MANAGED_BY_VALUE,
     REPLICA_USER,
 };
+use berth::engine::{ContainerEngine, DockerEngine, EngineError, Flavor, LabelFilter, OneShot};
 use bollard::models::{ContainerCreateBody, RestartPolicyNameEnum};
 use bollard::query_parameters::CreateContainerOptionsBuilder;
 use common::{ensure_test_image, free_port, unique, Cleanup, Fixture};
@@ -294,7 +294,7 @@ fn validate_job(image: &str, mounts: Vec<Mount>, config: &str, cleanup: &Cleanup
         .collect(),
         mounts,
         labels: cleanup.labels(),
-        hardening: berth::replica::Hardening {
+        hardening: berth::core::replica::Hardening {
             user: REPLICA_USER,
             read_only_rootfs: true,
             cap_drop_all: true,

@@ -15,9 +15,9 @@
 
 use std::path::{Path, PathBuf};
 
-use berth::render::Renderer;
-use berth::replica;
-use berth::source::eg::{self, EgProxy, XdsDefaults};
+use berth::core::render::Renderer;
+use berth::core::replica;
+use berth::core::source::eg::{self, EgProxy, XdsDefaults};
 use serde_json::Value;
 
 pub fn xds() -> XdsDefaults {
@@ -108,7 +108,7 @@ pub fn check_proxy(file: &Path, text: &str, p: &EgProxy) -> Result<String, Strin
     assert_eq!(
         boot.pointer("/admin/address/pipe/path")
             .and_then(Value::as_str),
-        Some(berth::layout::CONTAINER_ADMIN_SOCKET),
+        Some(berth::core::layout::CONTAINER_ADMIN_SOCKET),
         "{what}: berth's admin socket"
     );
     let clusters = boot

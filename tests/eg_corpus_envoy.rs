@@ -21,9 +21,9 @@ use std::process::Command;
 use std::sync::Mutex;
 use std::time::Instant;
 
-use berth::layout;
-use berth::render::{self, Renderer};
-use berth::replica;
+use berth::core::layout;
+use berth::core::render::{self, Renderer};
+use berth::core::replica;
 
 const IMAGE: &str = "berth-test/envoy:1.39.3";
 /// Validations at a time.

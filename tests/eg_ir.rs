@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use berth::source::eg::{self, XdsDefaults};
+use berth::core::source::eg::{self, XdsDefaults};
 
 fn xds() -> XdsDefaults {
     XdsDefaults {
@@ -88,7 +88,7 @@ fn egctl_output_maps_replicas_and_env_and_requests_cap_nothing() {
 
 #[test]
 fn full_envoyproxy_maps_every_honoured_field() {
-    use berth::ir::{BootstrapOverrideKind, LogLevel};
+    use berth::core::ir::{BootstrapOverrideKind, LogLevel};
     use std::time::Duration;
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/golden_eg/full-envoyproxy");
     let p = eg::parse_ir(&input(&dir), &xds()).unwrap();

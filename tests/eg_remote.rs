@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use berth::eg_provider::pb;
-use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use berth::edges::eg_provider::pb;
+use berth::edges::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
 use common::eg::gateway_proxy;
 use common::xds::{self, Certs, XdsServer};
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup};

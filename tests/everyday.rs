@@ -264,8 +264,8 @@ fn version_names_the_commit_and_the_envoy_gateway_release() {
     let run = |args: &[&str]| stdout_without_engine(dir.path(), args);
     let json: serde_json::Value = serde_json::from_str(&run(&["version", "-o", "json"])).unwrap();
     assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
-    assert_eq!(json["envoy_gateway"], berth::source::eg::EG_RELEASE);
-    assert_eq!(json["envoy_image"], berth::source::eg::DEFAULT_IMAGE);
+    assert_eq!(json["envoy_gateway"], berth::core::source::eg::EG_RELEASE);
+    assert_eq!(json["envoy_image"], berth::core::source::eg::DEFAULT_IMAGE);
     let commit = json["commit"].as_str().unwrap();
     // Built from this checkout (no BERTH_GIT_COMMIT given): the commit is its HEAD.
     let head = Command::new("git")
@@ -284,7 +284,7 @@ fn version_names_the_commit_and_the_envoy_gateway_release() {
         "{table}"
     );
     assert!(
-        table.contains(commit) && table.contains(berth::source::eg::EG_RELEASE),
+        table.contains(commit) && table.contains(berth::core::source::eg::EG_RELEASE),
         "{table}"
     );
 }

@@ -11,8 +11,8 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use berth::render::{self, Renderer};
-use berth::source::file;
+use berth::core::render::{self, Renderer};
+use berth::core::source::file;
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config as ProptestConfig, RngAlgorithm, TestRng, TestRunner};

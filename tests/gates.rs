@@ -8,15 +8,15 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use berth::admin::SocketConnector;
+use berth::core::progress::Reporter;
+use berth::core::render::Renderer;
+use berth::core::source::file;
+use berth::core::target;
 use berth::engine::{ContainerEngine, DockerEngine};
-use berth::infrastructure::docker_host::DockerHost;
-use berth::infrastructure::{ConvergeError, ConvergeRequest, Gate, Infrastructure};
-use berth::progress::Reporter;
-use berth::render::Renderer;
-use berth::source::file;
+use berth::envoy::admin::SocketConnector;
+use berth::infra::docker_host::DockerHost;
+use berth::infra::{ConvergeError, ConvergeRequest, Gate, Infrastructure};
 use berth::state::StateDir;
-use berth::target;
 use common::{free_port, short_tempdir, Cleanup};
 use tokio_util::sync::CancellationToken;
 
@@ -53,7 +53,7 @@ direct_response = {{ status = 200 }}
         &Renderer::builtin(),
         &state_path,
         2,
-        berth::acme::Placeholders::Write,
+        berth::ops::acme::Placeholders::Write,
     )
     .unwrap();
     let engine = DockerEngine::connect().await.unwrap();

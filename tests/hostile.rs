@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use berth::source::file;
+use berth::core::source::file;
 
 fn corpus() -> Vec<PathBuf> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile");

@@ -8,8 +8,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use berth::render::Renderer;
-use berth::source::file;
+use berth::core::render::Renderer;
+use berth::core::source::file;
 use serde_yaml::Value;
 
 const HOSTILE: &[&str] = &[

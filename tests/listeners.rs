@@ -398,7 +398,7 @@ fn certificates_by_sni_and_listener_settings_are_checked() {
         let text = format!(
             "[[proxy]]\nname = \"p\"\n[[proxy.listener]]\nname = \"l\"\nport = 18443\n{listener}\n{vhosts}"
         );
-        berth::source::file::parse(&dir.path().join("berth.toml"), &text)
+        berth::core::source::file::parse(&dir.path().join("berth.toml"), &text)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default()

@@ -10,10 +10,10 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use berth::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
-use berth::eg_provider::{self, pb, Infrastructure, Listen, Security, TlsFiles, Transient};
-use berth::ir::{LogLevel, Protocol};
-use berth::source::eg::{EgProxy, XdsDefaults};
+use berth::core::ir::{LogLevel, Protocol};
+use berth::core::source::eg::{EgProxy, XdsDefaults};
+use berth::edges::eg_provider::pb::envoy_gateway_remote_infrastructure_provider_client::EnvoyGatewayRemoteInfrastructureProviderClient as Client;
+use berth::edges::eg_provider::{self, pb, Infrastructure, Listen, Security, TlsFiles, Transient};
 use common::eg::{gateway_proxy, unix_client};
 use tokio::sync::oneshot;
 use tonic::transport::{Channel, Endpoint};
@@ -206,7 +206,7 @@ fn assert_realistic(call: &Call) {
     assert_eq!(ls[1].ports[0].protocol, Protocol::Tcp);
     assert_eq!(p.proxy.host_ports(), vec![18080, 15432]);
     match &p.proxy.routing {
-        berth::ir::Routing::Xds(x) => {
+        berth::core::ir::Routing::Xds(x) => {
             assert_eq!((x.address.as_str(), x.port), ("127.0.0.1", 18000))
         }
         other => panic!("expected xDS routing, got {other:?}"),

@@ -15,8 +15,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use berth::ir::ProxyInfra;
-use berth::render::{self, Renderer};
+use berth::core::ir::ProxyInfra;
+use berth::core::render::{self, Renderer};
 
 pub const VALIDATION_BOOTSTRAP_FILE: &str = "validation-bootstrap.yaml";
 
@@ -160,7 +160,7 @@ fn examples_are_golden_cases() {
     assert!(examples.len() >= 4, "{examples:?}");
     let mut failures = vec![];
     for example in examples {
-        let config = berth::source::file::load(&example)
+        let config = berth::core::source::file::load(&example)
             .unwrap_or_else(|e| panic!("{}: {e}", example.display()));
         let stem = example.file_stem().unwrap().to_string_lossy().into_owned();
         for proxy in &config.infra.proxies {

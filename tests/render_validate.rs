@@ -12,9 +12,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use berth::ir::{ProxyInfra, Routing};
-use berth::layout;
-use berth::render::{self, Rendered, Renderer};
+use berth::core::ir::{ProxyInfra, Routing};
+use berth::core::layout;
+use berth::core::render::{self, Rendered, Renderer};
 
 const ENVOY_VERSION: &str = "1.40.0";
 const VALIDATION_BOOTSTRAP: &str = "validation-bootstrap.yaml";
@@ -123,7 +123,7 @@ fn lay_out(proxy: &ProxyInfra, rendered: &Rendered) -> tempfile::TempDir {
                 s.backends
                     .iter()
                     .filter(|b| b.tls.is_some())
-                    .map(|b| berth::render::view::backend_tls_owner(&b.name)),
+                    .map(|b| berth::core::render::view::backend_tls_owner(&b.name)),
             );
         }
         Routing::Xds(_) => owners.push("xds".to_string()),

@@ -6,8 +6,8 @@
 
 mod common;
 
+use berth::core::layout;
 use berth::engine::{ContainerEngine, Flavor};
-use berth::layout;
 use common::fleet::*;
 use common::skip;
 

@@ -13,7 +13,7 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use berth::preflight::tcp_ports_listened_by;
+use berth::host::preflight::tcp_ports_listened_by;
 use common::config as cfg;
 use common::{free_port, short_tempdir, Cleanup};
 use serde_json::Value;
@@ -132,7 +132,7 @@ fn replicas_are_locked_down_and_secrets_stay_secret() {
         .expect("a copied key");
     let md = fs::metadata(&copied_key).unwrap();
     assert_eq!(md.permissions().mode() & 0o777, 0o400, "copied key mode");
-    assert_eq!(md.uid(), berth::replica::REPLICA_UID);
+    assert_eq!(md.uid(), berth::core::replica::REPLICA_UID);
 
     let containers = inspect(&cleanup);
     assert_eq!(containers.len(), 3);

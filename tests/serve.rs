@@ -306,10 +306,10 @@ fn sigterm_mid_rollout_exits_cleanly_and_the_next_serve_completes() {
             .join("run")
             .join(name)
             .join("admin.sock");
-        let ready = rt.block_on(berth::admin::Admin::new(sock).ready());
+        let ready = rt.block_on(berth::envoy::admin::Admin::new(sock).ready());
         assert_eq!(
             ready.ok(),
-            Some(berth::admin::ReadyState::Live),
+            Some(berth::envoy::admin::ReadyState::Live),
             "{name}: {running:?}"
         );
         slots.insert(name.split('-').nth(2).unwrap().to_string());

@@ -4,8 +4,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use berth::ir::*;
-use berth::source::file::{self, ConfigError};
+use berth::core::ir::*;
+use berth::core::source::file::{self, ConfigError};
 
 fn example(name: &str) -> file::Config {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -22,7 +22,7 @@ use common::load::{assert_no_failures, Load};
 use common::swarm::*;
 use common::{free_port, tls};
 
-use berth::eg_provider::pb;
+use berth::edges::eg_provider::pb;
 use common::eg::gateway_proxy;
 use common::xds::{self, Certs, XdsServer};
 
@@ -248,7 +248,7 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     // The agent: its HEALTHCHECK, and a grace period above the drain window (5s + 10s).
     assert_eq!(
         c["Healthcheck"]["Test"],
-        serde_json::json!(berth::agent::HEALTHCHECK_TEST)
+        serde_json::json!(berth::edges::agent::HEALTHCHECK_TEST)
     );
     assert_eq!(c["StopGracePeriod"], 15_000_000_000i64);
     assert_eq!(c["StopSignal"], "SIGTERM");

@@ -12,8 +12,8 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use berth::admin::Admin;
-use berth::preflight::tcp_ports_listened_by;
+use berth::envoy::admin::Admin;
+use berth::host::preflight::tcp_ports_listened_by;
 use common::config as cfg;
 use common::describe;
 use common::{ensure_test_image, free_port, short_tempdir, Cleanup, TEST_IMAGE};
@@ -278,7 +278,10 @@ async fn replica_admin_is_only_a_socket() {
     assert_eq!(tcp_ports_listened_by(pid), BTreeSet::from([port]));
     // The admin answers on its socket, which only root and the replica user may open.
     let admin = fleet.admin(&proxy, name);
-    assert_eq!(admin.ready().await.unwrap(), berth::admin::ReadyState::Live);
+    assert_eq!(
+        admin.ready().await.unwrap(),
+        berth::envoy::admin::ReadyState::Live
+    );
     use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let md = std::fs::metadata(admin.socket()).unwrap();
     assert!(md.file_type().is_socket());
@@ -398,8 +401,39 @@ async fn status_and_diff_describe_the_fleet() {
     assert_eq!(actions.len(), 1, "{json:#}");
     assert_eq!(actions[0]["action"], "create", "{json:#}");
     assert_eq!(actions[0]["slot"], 2, "{json:#}");
+
+    // Only a route changes: no container action, but the live file update is listed.
+    let new_route = cfg::Proxy::new(&proxy, TEST_IMAGE, 2)
+        .set("concurrency", 1)
+        .set("rollout.min_ready", "0s")
+        .set("shutdown.min_drain_duration", "0s")
+        .listener(cfg::Listener::http("web", port).route(cfg::Route::direct("/", 200, "moved\n")))
+        .to_toml();
+    fleet.write(&new_route);
+    let diff = fleet.ok(&["diff"]);
+    assert!(!diff.contains("No changes"), "{diff}");
+    assert!(
+        diff.contains(&format!(
+            "~ {proxy}: live update, no restart (changed rds-web.yaml)"
+        )),
+        "{diff}"
+    );
+    assert!(
+        diff.contains("0 to replace, 0 to remove; 1 proxy updated live."),
+        "{diff}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&fleet.ok(&["diff", "--output", "json"])).unwrap();
+    assert_eq!(json["actions"], serde_json::json!([]), "{json:#}");
+    assert_eq!(json["live"][0]["proxy"], proxy.as_str(), "{json:#}");
+    assert_eq!(
+        json["live"][0]["changed"],
+        serde_json::json!(["rds-web.yaml"]),
+        "{json:#}"
+    );
     // diff changed nothing.
     assert_eq!(fleet.replicas(&proxy), replicas);
+    assert_eq!(get(port).await.unwrap().1, format!("hello {proxy}\n"));
 }
 
 #[tokio::test]

@@ -14,10 +14,10 @@ use std::process::Output;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
-use berth::admin::{Admin, ReadyState};
+use berth::core::layout;
+use berth::core::replica::{ObservedContainer, RunState, LABEL_NAME};
 use berth::engine::{ContainerEngine, DockerEngine as Engine};
-use berth::layout;
-use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
+use berth::envoy::admin::{Admin, ReadyState};
 use common::fleet::assert_no_failures;
 use common::load::Load;
 use common::xds::{self, Certs, XdsServer};

@@ -210,7 +210,7 @@ impl DockerEngine {
             status: 0,
             message,
         };
-        let (status, body) = crate::admin::Admin::new(socket)
+        let (status, body) = crate::envoy::admin::Admin::new(socket)
             .with_timeout(REQUEST_TIMEOUT)
             .get(&path)
             .await
@@ -422,9 +422,9 @@ impl DockerEngine {
         let path = format!(
             "/v{}/containers/json?all=1&filters={}",
             self.api_version(),
-            crate::admin::percent_encode(&filters)
+            crate::envoy::admin::percent_encode(&filters)
         );
-        let (status, body) = crate::admin::Admin::new(socket)
+        let (status, body) = crate::envoy::admin::Admin::new(socket)
             .with_timeout(REQUEST_TIMEOUT)
             .get(&path)
             .await

@@ -24,8 +24,8 @@ use super::{
     Events, Exited, ImageBuild, LabelFilter, LiveSettings, ObservedContainer, OneShot,
     ReplicaContainer, RunState,
 };
-use crate::admin::{AdminApi, AdminConnector, BoundListener, ReadyState};
-use crate::layout;
+use crate::core::layout;
+use crate::envoy::admin::{AdminApi, AdminConnector, BoundListener, ReadyState};
 
 /// How a fake image's Envoy behaves.
 #[derive(Debug, Clone)]
@@ -498,7 +498,7 @@ impl ContainerEngine for FakeEngine {
         let (repo, _) = crate::engine::docker::split_image(image);
         let digest = format!(
             "{repo}@sha256:{}",
-            crate::replica::sha256_hex(found.id.as_bytes())
+            crate::core::replica::sha256_hex(found.id.as_bytes())
         );
         w.registry.insert(image.to_string(), found.clone());
         w.registry.insert(digest.clone(), found.clone());

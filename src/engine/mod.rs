@@ -1,3 +1,6 @@
+//! Layer engine: the only code that talks to a container engine (the only bollard user).
+//! May use: core, and envoy's admin HTTP client for the engine's Unix socket.
+//!
 //! The container-engine seam: what berth asks of an engine that runs containers on one host
 //! (observe by label, ensure or build an image, create, start, stop, remove, logs, run a
 //! throw-away validation container, events, ping), in engine-neutral types.

@@ -1,7 +1,7 @@
 //! inotify, the kernel facility Envoy watches its files with: how many instances one replica
 //! holds (counted from its rendered files) and how many a user holds now (from /proc).
 //!
-//! Every replica runs as the same user ([`crate::replica::REPLICA_UID`]) and the kernel limits
+//! Every replica runs as the same user ([`crate::core::replica::REPLICA_UID`]) and the kernel limits
 //! instances per user (`fs.inotify.max_user_instances`, 128 by default), so the limit is shared
 //! by the whole fleet. Envoy creates one instance per file-based subscription
 //! (`path_config_source`: LDS, CDS, one per distinct RDS route config, one per distinct SDS

@@ -1,3 +1,5 @@
+//! Layer host: the machine's kernel settings and [`preflight`]. May use: core, state (atomic writes).
+//!
 //! Host preparation (DESIGN decision 12): the kernel settings a fleet of replicas needs, set
 //! before any replica starts, kept across reboots, and refused with numbers when the host
 //! cannot hold the fleet.
@@ -17,6 +19,7 @@
 
 pub mod boot;
 pub mod inotify;
+pub mod preflight;
 pub mod sysctl;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -122,7 +125,7 @@ impl Settings {
             sysctls: Sysctls::default(),
             boot: boot::BootConfig::standard().with_dropin(&dropin),
             dropin,
-            replica_uid: crate::replica::replica_user().uid,
+            replica_uid: crate::core::replica::replica_user().uid,
             fleet_pids,
             user_processes: None,
         }
@@ -571,6 +574,17 @@ pub fn apply(plan: Plan, settings: &Settings) -> Result<Prepared, Refusal> {
         }
     }
     Ok(done)
+}
+
+/// The state directory when neither `--state-dir` nor the config names one: [`crate::core::layout::DEFAULT_STATE_DIR`]
+/// for root, else the user's state directory, `$XDG_STATE_HOME/berth` (`~/.local/state/berth`
+/// without it), as for other per-user tools; a user cannot write /var/lib.
+pub fn default_state_dir() -> std::path::PathBuf {
+    crate::core::layout::default_state_dir_for(
+        is_root(),
+        std::env::var_os("XDG_STATE_HOME"),
+        std::env::var_os("HOME"),
+    )
 }
 
 pub fn is_root() -> bool {

@@ -44,7 +44,7 @@ pub fn delivered<'a>(
             continue;
         };
         let sni = files
-            .get(crate::layout::LDS_FILE)
+            .get(crate::core::layout::LDS_FILE)
             .map(|lds| server_names(lds))
             .unwrap_or_default();
         for text in files
@@ -62,7 +62,7 @@ pub fn delivered<'a>(
             let Ok(pem) = std::fs::read(&path) else {
                 continue;
             };
-            let Ok(c) = crate::certificates::describe(&pem) else {
+            let Ok(c) = crate::core::certificates::describe(&pem) else {
                 continue;
             };
             let listener = secret.split('_').next().unwrap_or(&secret).to_string();

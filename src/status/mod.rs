@@ -1,49 +1,17 @@
+//! Layer status: rows, records, [`metrics`]. May use: core, envoy, state, and the infrastructure
+//! seam's types (infra's mod.rs), never an implementation or the engine.
+//!
 //! What runs now: one row per replica (the infrastructure collects them, with the one
 //! readiness probe), and what `berth serve` records per proxy ([`record`]); the tables both
 //! are shown as.
 
 pub mod certificates;
+pub mod metrics;
 pub mod record;
-pub mod xds;
-
-use serde::Serialize;
 
 use crate::engine::RunState;
+pub use crate::infra::ReplicaStatus;
 use record::Record;
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ReplicaStatus {
-    pub proxy: String,
-    pub slot: Option<u32>,
-    pub container: String,
-    /// The Swarm node running it (a Swarm task); None on one Docker host.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-    /// Envoy's node id (`--service-node`) when it is not the container's name: a Swarm task's
-    /// own (`<service>.<slot>.<task id>`), given by the agent.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub service_node: Option<String>,
-    pub state: RunState,
-    /// Ready by the one probe ([`crate::readiness`]): LIVE and every listener port bound.
-    pub ready: bool,
-    /// Envoy's own `/ready` answer (LIVE, DRAINING, …), or "-" when it cannot answer.
-    pub envoy: String,
-    /// Why it is not ready, when it is not.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    pub image: String,
-    pub spec: String,
-    pub uptime_seconds: Option<u64>,
-    pub connections: Option<u64>,
-    /// The config generation this replica has accepted (the `version_info` of its watched
-    /// files, which `berth serve` stamps), when it reports one.
-    pub observed_generation: Option<u64>,
-    /// xDS mode: the config version it accepted from the xDS server and the updates it
-    /// rejected, from its own stats ([`xds`]); None in standalone mode or when its admin
-    /// does not answer.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub xds: Option<xds::XdsConfig>,
-}
 
 /// A kubectl-style table of replicas.
 pub fn table(rows: &[ReplicaStatus]) -> String {

@@ -4,7 +4,7 @@
 //!
 //! **Generation.** Every accepted config change that touches a proxy (its IR, its spec hash or
 //! its rendered files) gives that proxy the next generation number. The watched files are
-//! stamped with it ([`crate::delivery::stamp`]); each replica's *observed* generation is the version
+//! stamped with it ([`crate::infra::delivery::stamp`]); each replica's *observed* generation is the version
 //! its Envoy reports having accepted, capped by the generation its container spec was first
 //! desired at (a replica of an older spec has not observed a newer image or bootstrap).
 
@@ -15,8 +15,8 @@ use std::time::SystemTime;
 use anyhow::{Context, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::core::target::Target;
 use crate::state::{write_atomic, StateDir};
-use crate::target::Target;
 
 /// Where the status lives under the state directory.
 pub const STATUS_FILE: &str = "serve/status.json";
@@ -107,7 +107,7 @@ pub fn fingerprint(target: &Target) -> String {
         "{ir}\0{}\0{}\0{}\0{files}",
         target.desired.hash, target.desired.replicas, target.rendered.bootstrap
     );
-    crate::replica::sha256_hex(text.as_bytes())
+    crate::core::replica::sha256_hex(text.as_bytes())
 }
 
 impl Record {

@@ -1,6 +1,6 @@
 #![allow(dead_code)]
 //! The derived agent image for tests: the berth binary under test (statically linked, as every
-//! build of berth is: .cargo/config.toml) put on a test Envoy image with `berth::agent::image`.
+//! build of berth is: .cargo/config.toml) put on a test Envoy image with `berth::infra::swarm::agent_image`.
 //! The tag is derived from both, so every test binary shares one image per base image and binary.
 
 use std::path::Path;
@@ -15,7 +15,7 @@ pub fn binary() -> &'static Path {
 /// The derived image of `base` (which must be present), built if needed; its tag.
 pub async fn image(engine: &dyn ContainerEngine, base: &str) -> String {
     let agent = std::fs::read(binary()).expect("reading the agent binary");
-    berth::agent::image::ensure_with(engine, base, &agent, false)
+    berth::infra::swarm::agent_image::ensure_with(engine, base, &agent, false)
         .await
         .unwrap_or_else(|e| panic!("building the agent image of {base}: {e:#}"))
 }
@@ -62,7 +62,7 @@ pub fn agent_images() -> Vec<String> {
     docker_stdout(&[
         "images",
         "--filter",
-        &format!("label={}", berth::agent::image::LABEL_BINARY),
+        &format!("label={}", berth::infra::swarm::agent_image::LABEL_BINARY),
         "--format",
         "{{.Repository}}:{{.Tag}}",
     ])

@@ -1,7 +1,7 @@
 //! What Envoy Gateway sends over its remote infrastructure API, for the gRPC tests.
 #![allow(dead_code)]
 
-use berth::eg_provider::pb;
+use berth::edges::eg_provider::pb;
 
 /// A listener port as EG names it: lower("<protocol>-<port>").
 pub fn port(protocol: &str, n: u16) -> pb::ListenerPort {

@@ -7,10 +7,10 @@ use std::process::Output;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use berth::admin::Admin;
+use berth::core::layout;
+use berth::core::replica::{ObservedContainer, RunState, LABEL_NAME};
 use berth::engine::{ContainerEngine, DockerEngine};
-use berth::layout;
-use berth::replica::{ObservedContainer, RunState, LABEL_NAME};
+use berth::envoy::admin::Admin;
 
 use super::config as cfg;
 #[allow(unused_imports)]

@@ -33,12 +33,12 @@ use std::time::{Duration, Instant};
 
 pub use skip::skip;
 
-use berth::admin::{Admin, ReadyState};
-use berth::layout;
-use berth::replica::{
+use berth::core::layout;
+use berth::core::replica::{
     Mount, ReplicaContainer, LABEL_IMAGE_ID, LABEL_MANAGED_BY, LABEL_NAME, LABEL_PROXY, LABEL_SLOT,
     LABEL_SPEC_HASH, LABEL_TEST, MANAGED_BY_VALUE,
 };
+use berth::envoy::admin::{Admin, ReadyState};
 
 pub const TEST_IMAGE: &str = "berth-test/envoy:1.40.0";
 pub const TEST_VERSION: &str = "1.40.0";
@@ -324,15 +324,15 @@ impl Fixture {
                 },
             ],
             labels,
-            hardening: berth::replica::Hardening {
-                user: berth::replica::REPLICA_USER,
+            hardening: berth::core::replica::Hardening {
+                user: berth::core::replica::REPLICA_USER,
                 read_only_rootfs: true,
                 cap_drop_all: true,
                 cap_add: vec![],
                 no_new_privileges: true,
             },
-            network: berth::replica::Network::Host,
-            restart_policy: berth::replica::RESTART_POLICY.to_string(),
+            network: berth::core::replica::Network::Host,
+            restart_policy: berth::core::replica::RESTART_POLICY.to_string(),
         }
     }
 }

@@ -88,7 +88,7 @@ pub async fn served_serial_for(port: u16, name: &str) -> Result<String, String> 
         .and_then(|c| c.first())
         .ok_or("no certificate")?;
     let (_, x509) = x509_parser::parse_x509_certificate(leaf).map_err(|e| e.to_string())?;
-    Ok(berth::certificates::normalize_serial(&hex::encode(
+    Ok(berth::core::certificates::normalize_serial(&hex::encode(
         x509.raw_serial(),
     )))
 }
@@ -111,7 +111,7 @@ pub async fn served_by_name(port: u16, name: &str) -> Result<(String, String), S
         .ok_or("no certificate")?;
     let (_, x509) = x509_parser::parse_x509_certificate(leaf).map_err(|e| e.to_string())?;
     Ok((
-        berth::certificates::normalize_serial(&hex::encode(x509.raw_serial())),
+        berth::core::certificates::normalize_serial(&hex::encode(x509.raw_serial())),
         x509.issuer().to_string(),
     ))
 }

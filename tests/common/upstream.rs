@@ -199,7 +199,7 @@ pub async fn https_backend(
                     .and_then(|c| c.first())
                     .map(|leaf| {
                         let (_, x) = x509_parser::parse_x509_certificate(leaf).unwrap();
-                        berth::certificates::normalize_serial(&hex::encode(x.raw_serial()))
+                        berth::core::certificates::normalize_serial(&hex::encode(x.raw_serial()))
                     })
                     .unwrap_or_else(|| "none".into());
                 let body = format!("{name} client={client}\n");

@@ -1,0 +1,70 @@
+//! The contract between the manager and `berth agent` (the entrypoint of a Swarm replica,
+//! [`crate::edges::agent`]): where the derived image holds the agent, its HEALTHCHECK, and the
+//! environment a service sets for it. Both sides read it from here.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::core::expect::Expect;
+use crate::core::ir::Shutdown;
+
+/// Where the derived image holds the agent binary.
+pub const AGENT_PATH: &str = "/usr/local/bin/berth-agent";
+
+/// The HEALTHCHECK command of the derived image, in the Engine API's form (`HealthConfig.Test`).
+pub const HEALTHCHECK_TEST: [&str; 4] = ["CMD", AGENT_PATH, "agent", "health"];
+
+/// Environment variables the agent reads (flags override them).
+pub const ENV_ADMIN_SOCKET: &str = "BERTH_AGENT_ADMIN_SOCKET";
+pub const ENV_PORTS: &str = "BERTH_AGENT_PORTS";
+pub const ENV_DRAIN_TIMEOUT: &str = "BERTH_AGENT_DRAIN_TIMEOUT";
+pub const ENV_MIN_DRAIN_DURATION: &str = "BERTH_AGENT_MIN_DRAIN_DURATION";
+pub const ENV_HEALTH_CHECK_FAILURE_DELAY: &str = "BERTH_AGENT_HEALTH_CHECK_FAILURE_DELAY";
+pub const ENV_CONFIG_VERSION: &str = "BERTH_AGENT_CONFIG_VERSION";
+pub const ENV_SERVICE_NODE: &str = "BERTH_AGENT_SERVICE_NODE";
+
+/// What the agent needs beyond the drain window before its container may be killed: the
+/// admin calls still in flight when the drain window ends (2 s each at most) and Envoy's own
+/// exit after SIGTERM ([`crate::edges::agent::run::ENVOY_EXIT_TIMEOUT`]), with room to spare.
+pub const STOP_MARGIN: Duration = Duration::from_secs(10);
+
+/// The stop grace period a service must give a replica running the agent: the drain window
+/// plus [`STOP_MARGIN`]. A shorter one lets the engine SIGKILL the replica mid-drain.
+pub fn stop_grace_period(shutdown: &Shutdown) -> Duration {
+    shutdown.drain_timeout + STOP_MARGIN
+}
+
+/// The environment a service sets on a replica running the agent: the drain settings, the
+/// listeners a ready replica has bound (the proxy's [`Expect`], as the one readiness probe
+/// takes it), and the version of the config it was given.
+pub fn service_env(
+    shutdown: &Shutdown,
+    expect: &Expect,
+    config_version: &str,
+) -> BTreeMap<String, String> {
+    let duration = |d: Duration| humantime::format_duration(d).to_string();
+    let ports: Vec<String> = expect
+        .ports
+        .iter()
+        .map(|port| match expect.addresses.get(port) {
+            Some(address) => std::net::SocketAddr::new(*address, *port).to_string(),
+            None => port.to_string(),
+        })
+        .collect();
+    BTreeMap::from([
+        (ENV_PORTS.to_string(), ports.join(",")),
+        (
+            ENV_DRAIN_TIMEOUT.to_string(),
+            duration(shutdown.drain_timeout),
+        ),
+        (
+            ENV_MIN_DRAIN_DURATION.to_string(),
+            duration(shutdown.min_drain_duration),
+        ),
+        (
+            ENV_HEALTH_CHECK_FAILURE_DELAY.to_string(),
+            duration(shutdown.health_check_failure_delay),
+        ),
+        (ENV_CONFIG_VERSION.to_string(), config_version.to_string()),
+    ])
+}

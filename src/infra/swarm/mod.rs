@@ -1,0 +1,877 @@
+//! Docker Swarm: one service per proxy, and Swarm rolls it (issue 13). berth renders the same
+//! files as on one host and maps a proxy to Swarm objects ([`service`]): its rendered files
+//! as configs and its TLS keys as secrets, named by content hash; a service on the host
+//! network (replicas on one node share the port through SO_REUSEPORT; the ingress mesh would
+//! add a hop and needs IPVS), replicated or global, placed by constraints, updated start-first
+//! one task at a time with rollback. With the agent in the image, a stopping task drains
+//! before it exits and a starting one counts only once it serves.
+//!
+//! Files: `service` (the pure mapping), `objects` (configs and secrets), `tasks` (observing
+//! tasks: status rows, readiness, waiting for an update), `events` (what serve watches).
+
+pub mod agent_binary;
+pub mod agent_image;
+mod events;
+mod images;
+mod objects;
+pub mod service;
+mod tasks;
+#[cfg(test)]
+mod tests;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use async_trait::async_trait;
+use bollard::models::{Service, ServiceUpdateStatusStateEnum};
+use bollard::query_parameters::{ListServicesOptionsBuilder, UpdateServiceOptionsBuilder};
+
+use super::{
+    docker_host::DockerHost, Changes, ConvergeError, ConvergeRequest, Converged, Delivery,
+    HostPreparation, Infrastructure, ProxyReadiness,
+};
+use crate::core::plan::{Action, Plan, PlanSummary, RemoveReason, ReplaceReason};
+use crate::core::progress::{Event, Reporter};
+use crate::core::replica::{LABEL_MANAGED_BY, LABEL_SPEC_HASH, LABEL_STATE_DIR, MANAGED_BY_VALUE};
+use crate::core::target::Target;
+use crate::engine::{ContainerEngine, DockerEngine};
+use crate::infra::ReplicaStatus;
+use crate::state::StateDir;
+use service::{Entrypoint, ServicePlan, LABEL_SWARM};
+
+/// How often an update's progress is polled.
+const POLL: Duration = Duration::from_millis(250);
+
+/// berth's proxies as services of the Swarm this engine manages.
+pub struct Swarm {
+    engine: Arc<DockerEngine>,
+    /// The manager as a plain Docker host: validation (`envoy --mode validate` in a throw-away
+    /// container) and the host settings of this node.
+    local: DockerHost,
+    state: StateDir,
+    extra_labels: BTreeMap<String, String>,
+    host_network: String,
+    /// `[swarm] registry`: where the derived agent image is pushed for every node to pull.
+    registry: Option<String>,
+    /// How many nodes the Swarm had when berth connected.
+    nodes: usize,
+    /// Derived images this process pushed already, local tag → pinned registry reference
+    /// (serve converges again and again: one push per image is enough).
+    pushed: std::sync::Mutex<BTreeMap<String, String>>,
+    /// "Swarm of 1 node(s), manager Docker Engine 20.10.24 at unix://…".
+    description: String,
+}
+
+const _: fn() = || {
+    fn is_infrastructure<T: Infrastructure>() {}
+    is_infrastructure::<Swarm>();
+};
+
+impl Swarm {
+    /// The Swarm managed by `engine`; refuses an engine that is not a Swarm manager, saying
+    /// what to do.
+    pub async fn connect(
+        engine: DockerEngine,
+        settings: super::SwarmSettings,
+        state: StateDir,
+        extra_labels: BTreeMap<String, String>,
+    ) -> anyhow::Result<Swarm> {
+        let docker = engine.client().clone();
+        let info = docker
+            .info()
+            .await
+            .map_err(|e| anyhow!("{}: {e}", engine.describe()))?;
+        let swarm = info.swarm.unwrap_or_default();
+        let node_state = swarm
+            .local_node_state
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        if swarm.control_available != Some(true) {
+            bail!(
+                "engine = \"swarm\", but {} is not a Swarm manager (its node state: {}); run berth against a manager (DOCKER_HOST), or make this one: `docker swarm init` (a new Swarm) or `docker swarm join --token <manager token> <manager>:2377`",
+                engine.describe(),
+                if node_state.is_empty() { "unknown" } else { &node_state }
+            );
+        }
+        let host = docker
+            .inspect_network(
+                "host",
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await
+            .map_err(|e| anyhow!("{}: the host network: {e}", engine.describe()))?;
+        let host_network = host
+            .id
+            .ok_or_else(|| anyhow!("the engine's host network has no ID"))?;
+        let nodes = docker
+            .list_nodes(None::<bollard::query_parameters::ListNodesOptions>)
+            .await
+            .map(|n| n.len())
+            .unwrap_or(0);
+        let description = format!("Swarm of {nodes} node(s), manager {}", engine.describe());
+        let engine = Arc::new(engine);
+        let local = DockerHost::new(
+            engine.clone(),
+            Arc::new(crate::envoy::admin::SocketConnector),
+            state.clone(),
+            extra_labels.clone(),
+        );
+        Ok(Swarm {
+            engine,
+            local,
+            state,
+            extra_labels,
+            host_network,
+            registry: settings.registry,
+            nodes,
+            pushed: Default::default(),
+            description,
+        })
+    }
+
+    /// Whether `engine` is a Swarm manager.
+    pub async fn is_manager(engine: &DockerEngine) -> bool {
+        engine
+            .client()
+            .info()
+            .await
+            .ok()
+            .and_then(|i| i.swarm)
+            .and_then(|s| s.control_available)
+            == Some(true)
+    }
+
+    fn docker(&self) -> &bollard::Docker {
+        self.engine.client()
+    }
+
+    fn state_dir(&self) -> String {
+        self.state.root().display().to_string()
+    }
+
+    async fn refused(&self, what: impl Into<String>, e: bollard::errors::Error) -> ConvergeError {
+        ConvergeError::Engine(self.engine.refused(what, e).await)
+    }
+
+    /// Whether a Swarm object's labels say it is this berth's.
+    fn mine(&self, labels: Option<&std::collections::HashMap<String, String>>) -> bool {
+        let Some(l) = labels else { return false };
+        l.get(LABEL_MANAGED_BY).map(String::as_str) == Some(MANAGED_BY_VALUE)
+            && l.contains_key(LABEL_SWARM)
+            && l.get(LABEL_STATE_DIR) == Some(&self.state_dir())
+            && self.extra_labels.iter().all(|(k, v)| l.get(k) == Some(v))
+    }
+
+    /// This berth's services, by proxy.
+    async fn services(&self) -> Result<BTreeMap<String, Service>, ConvergeError> {
+        let filters = std::collections::HashMap::from([(
+            "label".to_string(),
+            vec![format!("{LABEL_MANAGED_BY}={MANAGED_BY_VALUE}")],
+        )]);
+        let list = self
+            .docker()
+            .list_services(Some(
+                ListServicesOptionsBuilder::default()
+                    .filters(&filters)
+                    .build(),
+            ))
+            .await;
+        let list = match list {
+            Ok(l) => l,
+            Err(e) => return Err(self.refused("list services", e).await),
+        };
+        Ok(list
+            .into_iter()
+            .filter(|s| self.mine(s.spec.as_ref().and_then(|s| s.labels.as_ref())))
+            .filter_map(|s| {
+                let proxy = s.spec.as_ref()?.labels.as_ref()?.get(LABEL_SWARM)?.clone();
+                Some((proxy, s))
+            })
+            .collect())
+    }
+
+    /// The service of one proxy; a service of that name that is not this berth's is refused.
+    async fn service(&self, proxy: &str) -> Result<Option<Service>, ConvergeError> {
+        let name = service::service_name(proxy);
+        match self
+            .docker()
+            .inspect_service(
+                &name,
+                None::<bollard::query_parameters::InspectServiceOptions>,
+            )
+            .await
+        {
+            Ok(s) if self.mine(s.spec.as_ref().and_then(|s| s.labels.as_ref())) => Ok(Some(s)),
+            Ok(_) => Err(ConvergeError::Host {
+                problem: format!(
+                    "a Swarm service named {name} exists and is not this berth's (labels {LABEL_MANAGED_BY}=berth and {LABEL_STATE_DIR}={} missing); berth leaves it alone: remove or rename it (`docker service rm {name}`), or rename proxy {proxy}",
+                    self.state_dir()
+                ),
+            }),
+            Err(bollard::errors::Error::DockerResponseServerError {
+                status_code: 404, ..
+            }) => Ok(None),
+            Err(e) => Err(self.refused(format!("inspect service {name}"), e).await),
+        }
+    }
+
+    /// How each task starts Envoy: through the agent in the derived image (built when `build`,
+    /// else only named, for `diff`), or, when berth has no static agent binary, the image's
+    /// own entrypoint, with a note that tasks then stop without draining.
+    async fn entrypoint(
+        &self,
+        target: &Target,
+        reporter: &Reporter,
+        build: bool,
+    ) -> Result<Entrypoint, ConvergeError> {
+        let name = target.name();
+        let binary = match crate::infra::swarm::agent_binary::locate() {
+            Ok(b) => b,
+            Err(e) => {
+                reporter.event(Event::new(name, "note").message(format!(
+                    "no agent: Swarm stops each replaced task at once, cutting its connections, and a task counts as ready once it runs ({e:#})"
+                )));
+                return Ok(Entrypoint::Plain);
+            }
+        };
+        let base = &target.desired.spec.image;
+        if self.nodes > 1 && self.registry.is_none() {
+            return Err(ConvergeError::Host {
+                problem: format!(
+                    "this Swarm has {} nodes and the agent image berth builds for proxy {name} ({} from {base}) exists only on this manager: set a registry every node can pull from, `[swarm] registry = \"host[:port][/path]\"` in the config, and `docker login` to it as the user berth runs as (berth pushes the image there and the nodes pull it with the same credentials)",
+                    self.nodes,
+                    crate::infra::swarm::agent_image::REPOSITORY
+                ),
+            });
+        }
+        let image = if build {
+            reporter.waiting(format!("{name}: image {base} with the berth agent"));
+            let local = crate::infra::swarm::agent_image::ensure(
+                &*self.engine,
+                base,
+                reporter.shows_progress(),
+            )
+            .await
+            .map_err(|e| ConvergeError::Host {
+                problem: format!("the derived image of {base} (Envoy + berth agent): {e:#}"),
+            })?;
+            match &self.registry {
+                None => local,
+                Some(registry) => {
+                    let known = self
+                        .pushed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .get(&local)
+                        .cloned();
+                    if let Some(pinned) = known {
+                        return Ok(self.agent_entrypoint(target, pinned));
+                    }
+                    reporter.waiting(format!("{name}: pushing the agent image to {registry}"));
+                    let pinned = crate::infra::swarm::agent_image::publish(
+                        &*self.engine,
+                        &local,
+                        registry,
+                        reporter.shows_progress(),
+                    )
+                    .await
+                    .map_err(|e| ConvergeError::Host {
+                        problem: format!(
+                            "the agent image {local} could not be pushed to [swarm] registry {registry}: {e:#}"
+                        ),
+                    })?;
+                    self.pushed
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .insert(local, pinned.clone());
+                    pinned
+                }
+            }
+        } else {
+            let base_id = self
+                .engine
+                .image_id(base)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            let bytes = std::fs::read(&binary).unwrap_or_default();
+            let local = crate::infra::swarm::agent_image::tag(
+                &base_id,
+                &crate::core::replica::sha256_hex(&bytes),
+            );
+            // The digest is left out of the spec hash: the tag already names the content.
+            match &self.registry {
+                None => local,
+                Some(registry) => crate::infra::swarm::agent_image::in_registry(&local, registry),
+            }
+        };
+        Ok(self.agent_entrypoint(target, image))
+    }
+
+    /// The agent's settings for `target`'s tasks, running `image`.
+    fn agent_entrypoint(&self, target: &Target, image: String) -> Entrypoint {
+        let version = config_version(target);
+        Entrypoint::Agent(service::AgentSettings {
+            image,
+            env: crate::core::agent::service_env(
+                &target.desired.shutdown,
+                &target.desired.expect(),
+                &version,
+            ),
+            health_test: crate::core::agent::HEALTHCHECK_TEST
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            stop_grace_period: crate::core::agent::stop_grace_period(&target.desired.shutdown),
+        })
+    }
+
+    /// The Docker client's credentials for `[swarm] registry`, sent with a service's spec so
+    /// that every node can pull the agent image (`docker service create --with-registry-auth`).
+    async fn registry_auth(
+        &self,
+    ) -> Result<Option<bollard::auth::DockerCredentials>, ConvergeError> {
+        let Some(registry) = &self.registry else {
+            return Ok(None);
+        };
+        let host = crate::engine::credentials::registry_of(&format!("{registry}/x")).to_string();
+        let lookup = host.clone();
+        tokio::task::spawn_blocking(move || crate::engine::credentials::lookup(&lookup))
+            .await
+            .map_err(|e| anyhow!("{e}"))?
+            .map_err(|e| ConvergeError::Host {
+                problem: format!("the credentials for [swarm] registry {host}: {e}"),
+            })
+    }
+
+    /// The service plan of `target`, the image made present first.
+    async fn service_plan(
+        &self,
+        target: &Target,
+        reporter: &Reporter,
+        ids: &BTreeMap<String, String>,
+    ) -> Result<(ServicePlan, Entrypoint), ConvergeError> {
+        let image_id = self
+            .engine
+            .ensure_image(&target.desired.spec.image, reporter.shows_progress())
+            .await?;
+        let entrypoint = self.entrypoint(target, reporter, true).await?;
+        let state_dir = self.state_dir();
+        let cx = service::Context {
+            host_network: &self.host_network,
+            image_id: &image_id,
+            state_dir: &state_dir,
+            extra_labels: &self.extra_labels,
+            entrypoint: &entrypoint,
+        };
+        Ok((service::plan(target, &cx, ids), entrypoint))
+    }
+
+    /// Creates or updates the service to `plan`; returns whether the tasks roll (a new spec)
+    /// and the update state seen before, to tell this update's end from an earlier one's.
+    async fn apply(
+        &self,
+        plan: &ServicePlan,
+        current: Option<&Service>,
+    ) -> Result<bool, ConvergeError> {
+        match current {
+            None => {
+                if let Err(e) = self
+                    .docker()
+                    .create_service(plan.spec.clone(), self.registry_auth().await?)
+                    .await
+                {
+                    return Err(self
+                        .refused(format!("create service {}", plan.name), e)
+                        .await);
+                }
+                Ok(true)
+            }
+            Some(s) => {
+                let version = s
+                    .version
+                    .as_ref()
+                    .and_then(|v| v.index)
+                    .ok_or_else(|| anyhow!("service {} has no version", plan.name))?;
+                let rolls = service_hash(s) != Some(plan.hash.as_str()) || drift(s, plan).is_some();
+                let options = UpdateServiceOptionsBuilder::default()
+                    .version(version as i32)
+                    .build();
+                if let Err(e) = self
+                    .docker()
+                    .update_service(
+                        &plan.name,
+                        plan.spec.clone(),
+                        options,
+                        self.registry_auth().await?,
+                    )
+                    .await
+                {
+                    return Err(self
+                        .refused(format!("update service {}", plan.name), e)
+                        .await);
+                }
+                Ok(rolls)
+            }
+        }
+    }
+
+    /// Waits until Swarm finished rolling `plan` out (or rolled it back, or paused), then
+    /// until the tasks of the desired spec run.
+    async fn await_rollout(
+        &self,
+        target: &Target,
+        plan: &ServicePlan,
+        before: Option<String>,
+        reporter: &Reporter,
+    ) -> Result<(), ConvergeError> {
+        let name = target.name();
+        let rollout = &target.desired.rollout;
+        let per_task = rollout.startup_deadline
+            + rollout.min_ready
+            + target.desired.shutdown.drain_timeout
+            + Duration::from_secs(15);
+        let started_at = tokio::time::Instant::now();
+        let deadline =
+            started_at + per_task * target.desired.replicas.max(1) + Duration::from_secs(30);
+        loop {
+            let Some(s) = self.service(name).await? else {
+                return Err(ConvergeError::Host {
+                    problem: format!("service {} was removed during its rollout", plan.name),
+                });
+            };
+            let status = s.update_status.as_ref();
+            let started = status.and_then(|u| u.started_at.clone());
+            let state = status.and_then(|u| u.state);
+            if before.is_none() || started != before {
+                match state {
+                    Some(ServiceUpdateStatusStateEnum::COMPLETED) | None
+                        if self.tasks_ready(target, &plan.hash).await? =>
+                    {
+                        return Ok(());
+                    }
+                    Some(ServiceUpdateStatusStateEnum::ROLLBACK_COMPLETED)
+                    | Some(ServiceUpdateStatusStateEnum::ROLLBACK_PAUSED)
+                    | Some(ServiceUpdateStatusStateEnum::PAUSED) => {
+                        let message = status.and_then(|u| u.message.clone()).unwrap_or_default();
+                        return Err(self.failure(target, plan, state, message).await);
+                    }
+                    _ => {}
+                }
+            }
+            if started_at.elapsed() > rollout.startup_deadline {
+                if let Some(stuck) = self.stuck(target, &plan.hash, before.is_none()).await? {
+                    return Err(self.failure(target, plan, None, stuck).await);
+                }
+            }
+            if tokio::time::Instant::now() > deadline {
+                let message = format!(
+                    "Swarm did not finish updating service {} within {:?} (update state: {})",
+                    plan.name,
+                    per_task * target.desired.replicas.max(1),
+                    state
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "none".into())
+                );
+                return Err(self.failure(target, plan, None, message).await);
+            }
+            reporter.waiting(format!("{name}: Swarm rolling service {}", plan.name));
+            tokio::time::sleep(POLL).await;
+        }
+    }
+}
+
+/// The version of the files a task is given (its agent reports it in every health check):
+/// the first 12 hex of sha256 over the bootstrap and the watched files.
+fn config_version(target: &Target) -> String {
+    let mut all = target.rendered.bootstrap.clone();
+    for (name, text) in &target.rendered.xds {
+        all.push('\0');
+        all.push_str(name);
+        all.push('\0');
+        all.push_str(text);
+    }
+    crate::core::replica::sha256_hex(all.as_bytes())[..12].to_string()
+}
+
+/// The spec hash a service carries.
+fn service_hash(s: &Service) -> Option<&str> {
+    s.spec
+        .as_ref()?
+        .labels
+        .as_ref()?
+        .get(LABEL_SPEC_HASH)
+        .map(String::as_str)
+}
+
+/// What of the task template differs from berth's although the spec hash label matches: a
+/// `docker service update` by hand (image, arguments, environment, files).
+fn drift(s: &Service, plan: &ServicePlan) -> Option<String> {
+    let live = s
+        .spec
+        .as_ref()?
+        .task_template
+        .as_ref()?
+        .container_spec
+        .as_ref()?;
+    let want = plan.spec.task_template.as_ref()?.container_spec.as_ref()?;
+    let names = |c: &bollard::models::TaskSpecContainerSpec| {
+        let mut n: Vec<String> = c
+            .configs
+            .iter()
+            .flatten()
+            .filter_map(|r| r.config_name.clone())
+            .chain(
+                c.secrets
+                    .iter()
+                    .flatten()
+                    .filter_map(|r| r.secret_name.clone()),
+            )
+            .collect();
+        n.sort();
+        n
+    };
+    let image = |c: &bollard::models::TaskSpecContainerSpec| {
+        // The CLI pins a resolved digest after the tag.
+        c.image
+            .as_deref()
+            .map(|i| i.split('@').next().unwrap_or(i).to_string())
+    };
+    let mut what = Vec::new();
+    if image(live) != image(want) {
+        what.push(format!(
+            "image {} instead of {}",
+            live.image.as_deref().unwrap_or("-"),
+            want.image.as_deref().unwrap_or("-")
+        ));
+    }
+    if live.args != want.args {
+        what.push("arguments".to_string());
+    }
+    let sorted = |e: &Option<Vec<String>>| {
+        let mut e = e.clone().unwrap_or_default();
+        e.sort();
+        e
+    };
+    if sorted(&live.env) != sorted(&want.env) {
+        what.push("environment".to_string());
+    }
+    if names(live) != names(want) {
+        what.push("configs or secrets".to_string());
+    }
+    (!what.is_empty()).then(|| what.join(", "))
+}
+
+fn service_replicas(s: &Service) -> Option<i64> {
+    s.spec
+        .as_ref()?
+        .mode
+        .as_ref()?
+        .replicated
+        .as_ref()?
+        .replicas
+}
+
+fn is_global(s: &Service) -> bool {
+    s.spec
+        .as_ref()
+        .and_then(|s| s.mode.as_ref())
+        .is_some_and(|m| m.global.is_some())
+}
+
+#[async_trait]
+impl Infrastructure for Swarm {
+    fn describe(&self) -> String {
+        self.description.clone()
+    }
+
+    fn api_calls(&self) -> u64 {
+        self.engine.api_calls()
+    }
+
+    async fn ping(&self) -> bool {
+        self.engine.ping().await
+    }
+
+    async fn prepare(
+        &self,
+        fleet: &[Target],
+        policy: crate::core::policy::HostPolicy,
+    ) -> Result<HostPreparation, ConvergeError> {
+        // The manager's own kernel settings (tcp_migrate_req above all); other nodes are the
+        // operator's (README: multi-node). Ports are held by the services' own tasks, so there
+        // is no port check here.
+        let settings = crate::host::Settings::for_host(policy.tune, self.task_pids().await);
+        let prepared = crate::host::prepare(&crate::host::preflight::host_needs(fleet), &settings)
+            .map_err(|r| ConvergeError::Host {
+                problem: r.to_string(),
+            })?;
+        Ok(HostPreparation {
+            notes: prepared.change_lines(),
+            degraded: prepared
+                .degraded()
+                .map(|(reason, message)| (reason.to_string(), message))
+                .into_iter()
+                .collect(),
+        })
+    }
+
+    async fn owned(&self) -> Result<BTreeSet<String>, ConvergeError> {
+        let mut names: BTreeSet<String> = self.state.proxies()?.into_iter().collect();
+        names.extend(self.services().await?.into_keys());
+        Ok(names)
+    }
+
+    async fn diff(&self, targets: &[Target]) -> Result<Plan, ConvergeError> {
+        let mut plan = Plan::default();
+        let services = self.services().await?;
+        for t in targets {
+            let name = t.name().to_string();
+            let image_id = self
+                .engine
+                .image_id(&t.desired.spec.image)
+                .await
+                .ok()
+                .flatten()
+                .unwrap_or_default();
+            let entrypoint = self.entrypoint(t, &Reporter::quiet(), false).await?;
+            let state_dir = self.state_dir();
+            let cx = service::Context {
+                host_network: &self.host_network,
+                image_id: &image_id,
+                state_dir: &state_dir,
+                extra_labels: &self.extra_labels,
+                entrypoint: &entrypoint,
+            };
+            let want = service::plan(t, &cx, &BTreeMap::new());
+            let tasks = match services.get(&name) {
+                Some(_) => self.running_tasks(&name).await?,
+                None => Vec::new(),
+            };
+            let wanted = if t.proxy.placement.global {
+                self.node_count().await.max(1)
+            } else {
+                t.desired.replicas
+            };
+            let current = services.get(&name).and_then(service_hash);
+            for task in &tasks {
+                let slot = task.slot.unwrap_or(0);
+                if !t.proxy.placement.global && slot >= wanted {
+                    plan.actions.push(Action::Remove {
+                        proxy: name.clone(),
+                        slot: Some(slot),
+                        container: task.reference(),
+                        reason: RemoveReason::ScaleDown,
+                    });
+                } else if current != Some(want.hash.as_str()) {
+                    plan.actions.push(Action::Replace {
+                        proxy: name.clone(),
+                        slot,
+                        old: task.reference(),
+                        new_name: format!("{}.{}", want.name, slot + 1),
+                        reason: ReplaceReason::SpecChanged {
+                            from: current.unwrap_or_default().to_string(),
+                            to: want.hash.clone(),
+                        },
+                    });
+                }
+            }
+            let have = tasks.len() as u32;
+            for slot in have..wanted {
+                plan.actions.push(Action::Create {
+                    proxy: name.clone(),
+                    slot,
+                    name: format!("{}.{}", want.name, slot + 1),
+                });
+            }
+        }
+        let wanted: BTreeSet<&str> = targets.iter().map(|t| t.name()).collect();
+        for (proxy, _) in services
+            .iter()
+            .filter(|(p, _)| !wanted.contains(p.as_str()))
+        {
+            for task in self.running_tasks(proxy).await? {
+                plan.actions.push(Action::Remove {
+                    proxy: proxy.clone(),
+                    slot: task.slot,
+                    container: task.reference(),
+                    reason: RemoveReason::ProxyRemoved,
+                });
+            }
+        }
+        Ok(plan)
+    }
+
+    async fn validate(&self, target: &Target, reporter: &Reporter) -> Result<(), ConvergeError> {
+        self.local.validate(target, reporter).await
+    }
+
+    async fn converge(&self, req: ConvergeRequest<'_>) -> Result<Converged, ConvergeError> {
+        let target = req.target;
+        let name = target.name();
+        let reporter = req.reporter;
+        let current = self.service(name).await?;
+        let (plan, _) = self
+            .service_plan(target, reporter, &BTreeMap::new())
+            .await?;
+        let same_spec = current.as_ref().and_then(service_hash) == Some(plan.hash.as_str())
+            && current.as_ref().is_none_or(|s| drift(s, &plan).is_none());
+        if let Some(what) = current.as_ref().and_then(|s| drift(s, &plan)) {
+            reporter.event(Event::new(name, "note").message(format!(
+                "service {} was changed by hand ({what}); updating it back",
+                plan.name
+            )));
+        }
+        let same_mode = current.as_ref().is_some_and(|s| {
+            is_global(s) == target.proxy.placement.global
+                && (target.proxy.placement.global
+                    || service_replicas(s) == Some(i64::from(target.desired.replicas)))
+        });
+        let mut actions = PlanSummary::default();
+        if !(same_spec && same_mode) {
+            if !same_spec {
+                // Envoy checks the new files before Swarm rolls anything.
+                reporter.waiting(format!("{name}: validating the new config"));
+                self.local.validate(target, reporter).await?;
+            }
+            self.state.write_spec(&target.desired)?;
+            let ids = self.create_objects(name, &plan.files, reporter).await?;
+            let (plan, _) = self.service_plan(target, reporter, &ids).await?;
+            let before = current
+                .as_ref()
+                .and_then(|s| s.update_status.as_ref())
+                .and_then(|u| u.started_at.clone());
+            let tasks_before = match &current {
+                Some(_) => self.running_tasks(name).await?.len(),
+                None => 0,
+            };
+            let rolls = self.apply(&plan, current.as_ref()).await?;
+            reporter.event(Event::new(name, "service").message(format!(
+                "{} service {} (spec {})",
+                if current.is_none() {
+                    "created"
+                } else if rolls {
+                    "updating"
+                } else {
+                    "scaled"
+                },
+                plan.name,
+                crate::core::replica::short_hash(&plan.hash)
+            )));
+            // A new spec rolls every task; without one only the count changes.
+            let before = if rolls && current.is_some() {
+                before.or_else(|| Some(String::new()))
+            } else {
+                None
+            };
+            self.await_rollout(target, &plan, before, reporter).await?;
+            let after = self.running_tasks(name).await?.len();
+            if current.is_none() {
+                actions.create = after;
+            } else if rolls {
+                actions.replace = tasks_before.min(after);
+                actions.create = after.saturating_sub(tasks_before);
+                actions.remove = tasks_before.saturating_sub(after);
+            } else {
+                actions.create = after.saturating_sub(tasks_before);
+                actions.remove = tasks_before.saturating_sub(after);
+            }
+            self.prune_objects(name).await?;
+        }
+        let readiness = self.readiness(target).await?;
+        Ok(Converged {
+            // Watched files are configs here: a change is a new spec, rolled above.
+            delivery: Delivery::Unchanged,
+            actions,
+            readiness,
+        })
+    }
+
+    async fn remove(&self, proxy: &str, reporter: &Reporter) -> Result<usize, ConvergeError> {
+        let tasks = self.running_tasks(proxy).await?.len();
+        if let Some(s) = self.service(proxy).await? {
+            let id = s.id.clone().unwrap_or_else(|| service::service_name(proxy));
+            reporter.waiting(format!(
+                "{proxy}: removing service {}",
+                service::service_name(proxy)
+            ));
+            if let Err(e) = self.docker().delete_service(&id).await {
+                return Err(self.refused(format!("remove service {id}"), e).await);
+            }
+            self.await_tasks_gone(proxy).await?;
+        }
+        self.prune_objects(proxy).await?;
+        self.state.remove_proxy(proxy)?;
+        Ok(tasks)
+    }
+
+    async fn prune_images(&self, reporter: &Reporter) -> Result<Vec<String>, ConvergeError> {
+        images::prune(self.docker(), reporter).await
+    }
+
+    async fn status(
+        &self,
+        proxies: &BTreeSet<String>,
+    ) -> Result<Vec<ReplicaStatus>, ConvergeError> {
+        let mut rows = Vec::new();
+        for p in proxies {
+            rows.extend(self.rows(p).await?);
+        }
+        Ok(rows)
+    }
+
+    async fn envoy_metrics(&self, _proxies: &BTreeSet<String>) -> Vec<(String, String, String)> {
+        // A task's admin socket lives in its own tmpfs, on whichever node runs it.
+        Vec::new()
+    }
+
+    fn changes(&self) -> Changes {
+        events::changes(
+            self.engine.clone(),
+            self.state_dir(),
+            self.extra_labels.clone(),
+        )
+    }
+}
+
+impl Swarm {
+    /// How many nodes the Swarm has (a global service runs a task on each eligible one).
+    async fn node_count(&self) -> u32 {
+        self.docker()
+            .list_nodes(None::<bollard::query_parameters::ListNodesOptions>)
+            .await
+            .map(|n| n.len() as u32)
+            .unwrap_or(1)
+    }
+
+    async fn readiness(&self, target: &Target) -> Result<ProxyReadiness, ConvergeError> {
+        let rows = self.rows(target.name()).await?;
+        let wanted = if target.proxy.placement.global {
+            rows.len() as u32
+        } else {
+            target.desired.replicas
+        };
+        let ready = rows.iter().filter(|r| r.ready).count() as u32;
+        Ok(ProxyReadiness {
+            wanted,
+            ready,
+            not_ready: rows
+                .iter()
+                .filter(|r| !r.ready)
+                .map(|r| {
+                    (
+                        r.container.clone(),
+                        crate::envoy::readiness::Readiness::NotReady {
+                            reason: crate::envoy::readiness::NotReady::Starting {
+                                state: r.reason.clone().unwrap_or_else(|| r.state.to_string()),
+                            },
+                        },
+                    )
+                })
+                .collect(),
+        })
+    }
+}
