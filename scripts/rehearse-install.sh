@@ -22,10 +22,13 @@ mark=$SECONDS
 step() { printf '==> [%3ds, +%3ds] %s\n' "$((SECONDS - t0))" "$((SECONDS - mark))" "$*"; mark=$SECONDS; }
 fail() { echo "rehearsal: FAILED: $*" >&2; exit 1; }
 finish() {
-  for m in "$root/proc" "$root/dev/pts" "$root/dev"; do
-    mountpoint -q "$m" 2>/dev/null && umount -l "$m"
+  # Everything mounted below the root (ours: proc, dev; debootstrap's if it failed), deepest
+  # first; the removal never crosses into a file system still mounted there.
+  awk -v d="$root/" 'index($2, d) == 1 { print $2 }' /proc/self/mounts | sort -r | while read -r m; do
+    umount "$m" 2>/dev/null || umount -l "$m"
   done
-  if [ -n "${BERTH_REHEARSAL_KEEP:-}" ]; then echo "kept $root"; else rm -rf "$root"; fi
+  rm -f "$root.debootstrap.log"
+  if [ -n "${BERTH_REHEARSAL_KEEP:-}" ]; then echo "kept $root"; else rm -rf --one-file-system "$root"; fi
 }
 trap finish EXIT
 in_root() { chroot "$root" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
@@ -40,7 +43,6 @@ fi
 step "debootstrap bookworm (minbase + systemd) into $root"
 debootstrap --variant=minbase --include=systemd bookworm "$root" "$mirror" >"$root.debootstrap.log" 2>&1 ||
   { tail -n 30 "$root.debootstrap.log" >&2; fail "debootstrap"; }
-rm -f "$root.debootstrap.log"
 mount -t proc proc "$root/proc"
 mount --bind /dev "$root/dev"
 echo "  $(du -sh --exclude=proc --exclude=dev "$root" 2>/dev/null | cut -f1), $(in_root dpkg-query -W | wc -l) packages"
