@@ -9,126 +9,20 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use common::config::{table, Listener, Proxy, Route};
 use common::fleet::{stderr, Fleet, PROXY};
 use common::load::{assert_no_failures, Load};
+use common::pebble::{Pebble, CHALLTESTSRV, PEBBLE};
 use common::serve::Serve;
 use common::tls::{served_by_name, served_serials};
 use common::{free_port, TEST_IMAGE};
 
-const PEBBLE: &str = "/usr/bin/pebble";
-const CHALLTESTSRV: &str = "/usr/bin/pebble-challtestsrv";
 const DOMAIN: &str = "edge.berth.test";
 /// Pebble's certificate lifetime: renewal is due two thirds in.
 const VALIDITY_S: u64 = 60;
-
-/// pebble and its DNS server; both killed when dropped.
-struct Pebble {
-    dir: PathBuf,
-    pub port: u16,
-    dns_port: u16,
-    http_port: u16,
-    pebble: Option<Child>,
-    dns: Child,
-}
-
-impl Pebble {
-    fn start(dir: &Path, http_port: u16) -> Pebble {
-        let certs = common::xds::Certs::generate(&dir.join("pebble-certs"));
-        let dns_port = free_port();
-        let dns = Command::new(CHALLTESTSRV)
-            .args(["-http01", "", "-https01", "", "-tlsalpn01", ""])
-            .args(["-defaultIPv4", "127.0.0.1", "-defaultIPv6", ""])
-            .arg("-dns01")
-            .arg(format!("127.0.0.1:{dns_port}"))
-            .arg("-management")
-            .arg(format!("127.0.0.1:{}", free_port()))
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("pebble-challtestsrv");
-        let mut p = Pebble {
-            dir: certs.dir.clone(),
-            port: free_port(),
-            dns_port,
-            http_port,
-            pebble: None,
-            dns,
-        };
-        p.start_pebble();
-        p
-    }
-
-    fn ca(&self) -> PathBuf {
-        self.dir.join("ca.pem")
-    }
-
-    fn directory(&self) -> String {
-        format!("https://127.0.0.1:{}/dir", self.port)
-    }
-
-    fn start_pebble(&mut self) {
-        let config = self.dir.join("pebble.json");
-        let json = serde_json::json!({"pebble": {
-            "listenAddress": format!("127.0.0.1:{}", self.port),
-            "managementListenAddress": format!("127.0.0.1:{}", free_port()),
-            "certificate": self.dir.join("server.pem"),
-            "privateKey": self.dir.join("server-key.pem"),
-            "httpPort": self.http_port,
-            "tlsPort": free_port(),
-            "ocspResponderURL": "",
-            "externalAccountBindingRequired": false,
-            "certificateValidityPeriod": VALIDITY_S,
-        }});
-        std::fs::write(&config, json.to_string()).unwrap();
-        let log = std::fs::File::create(self.dir.join("pebble.log")).unwrap();
-        let child = Command::new(PEBBLE)
-            .arg("-config")
-            .arg(&config)
-            .arg("-dnsserver")
-            .arg(format!("127.0.0.1:{}", self.dns_port))
-            .args(["-strict=false"])
-            .env("PEBBLE_VA_NOSLEEP", "1")
-            .env("PEBBLE_AUTHZREUSE", "0")
-            .env("PEBBLE_WFE_NONCEREJECT", "0")
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("pebble");
-        self.pebble = Some(child);
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
-            assert!(
-                start.elapsed() < Duration::from_secs(10),
-                "pebble did not listen"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    fn stop_pebble(&mut self) {
-        if let Some(mut c) = self.pebble.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for Pebble {
-    fn drop(&mut self) {
-        self.stop_pebble();
-        let _ = self.dns.kill();
-        let _ = self.dns.wait();
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(self.dir.join("pebble.log")).unwrap_or_default();
-            eprintln!("--- pebble log\n{log}");
-        }
-    }
-}
 
 fn config(http: u16, https: u16, pebble: &Pebble, domains: &[&str]) -> String {
     let acme = table([
@@ -198,7 +92,7 @@ async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_dow
     let fleet = Fleet::new("acme").await;
     let http = fleet.port;
     let https = free_port();
-    let mut pebble = Pebble::start(fleet.dir.path(), http);
+    let mut pebble = Pebble::start(fleet.dir.path(), http, VALIDITY_S);
     std::fs::write(fleet.config(), config(http, https, &pebble, &[DOMAIN])).unwrap();
 
     // First issuance: the proxy starts with a placeholder, answers the challenge, serves pebble's.
@@ -333,7 +227,7 @@ async fn serve_retries_after_backoff_and_renews_when_due() {
     );
     let fleet = Fleet::new("acmeserve").await;
     let (http, https) = (fleet.port, free_port());
-    let mut pebble = Pebble::start(fleet.dir.path(), http);
+    let mut pebble = Pebble::start(fleet.dir.path(), http, VALIDITY_S);
     pebble.stop_pebble();
     std::fs::write(fleet.config(), config(http, https, &pebble, &[DOMAIN])).unwrap();
     let serve = Serve::start(&fleet.config(), &fleet.state(), &fleet.cleanup, &[]);

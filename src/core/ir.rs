@@ -411,6 +411,7 @@ impl ListenerRouting {
                 secret: self.listener.clone(),
                 server_names: Vec::new(),
                 files,
+                acme_tls_alpn: false,
             })
             .collect();
         if let Traffic::Http { virtual_hosts } = &self.traffic {
@@ -420,9 +421,20 @@ impl ListenerRouting {
                         secret: format!("{}_{}", self.listener, vh.name),
                         server_names: vh.domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
                         files,
+                        acme_tls_alpn: false,
                     });
                 }
             }
+        }
+        // TLS-ALPN-01 challenge certificates while a challenge is up; `__` keeps their names
+        // apart from the virtual hosts' (DNS labels never start with `_`).
+        for (i, a) in self.acme.iter().flat_map(|a| &a.alpn_answers).enumerate() {
+            out.push(ListenerCertificate {
+                secret: format!("{}__acme-tls-alpn-{i}", self.listener),
+                server_names: vec![a.domain.clone()],
+                files: &a.files,
+                acme_tls_alpn: true,
+            });
         }
         out
     }
@@ -435,6 +447,8 @@ pub struct ListenerCertificate<'a> {
     /// Empty for the listener's default certificate.
     pub server_names: Vec<String>,
     pub files: &'a TlsFiles,
+    /// A TLS-ALPN-01 challenge certificate: chosen by its name and ALPN `acme-tls/1` only.
+    pub acme_tls_alpn: bool,
 }
 
 /// A listener's access log, written to the replica's stdout (so `berth logs` shows it).
@@ -449,8 +463,9 @@ pub enum AccessLog {
     Json,
 }
 
-/// A listener certificate berth obtains and renews over ACME (RFC 8555), answering HTTP-01
-/// challenges through a plain-HTTP listener of the same proxy.
+/// A listener certificate berth obtains and renews over ACME (RFC 8555), answering the CA's
+/// challenges itself: HTTP-01 through a plain-HTTP listener of the same proxy, TLS-ALPN-01 on
+/// the listener itself, or DNS-01 through a DNS solver.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Acme {
@@ -465,8 +480,101 @@ pub struct Acme {
     /// system roots.
     #[serde(default)]
     pub ca_file: Option<PathBuf>,
-    /// The plain-HTTP listener of this proxy that answers HTTP-01 challenges.
+    /// The plain-HTTP listener of this proxy that answers HTTP-01 challenges (empty for the
+    /// other challenges).
     pub challenge_listener: String,
+    /// Which challenge berth answers.
+    #[serde(default)]
+    pub challenge: AcmeChallenge,
+    /// TLS-ALPN-01 challenge certificates served while the CA validates (set by issuance).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub alpn_answers: Vec<AlpnAnswer>,
+}
+
+/// One TLS-ALPN-01 challenge certificate (RFC 8737), in the state directory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AlpnAnswer {
+    pub domain: String,
+    pub files: TlsFiles,
+}
+
+/// The ACME challenge a listener's certificate is proved with.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum AcmeChallenge {
+    /// `http-01`: an answer route on a plain-HTTP listener (port 80 for a public CA).
+    #[default]
+    Http01,
+    /// `tls-alpn-01`: a challenge certificate on the listener itself for ALPN `acme-tls/1`.
+    TlsAlpn01,
+    /// `dns-01`: a `_acme-challenge` TXT record (the only one allowing wildcards).
+    Dns01(Dns01),
+}
+
+impl AcmeChallenge {
+    /// As the config spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            AcmeChallenge::Http01 => "http-01",
+            AcmeChallenge::TlsAlpn01 => "tls-alpn-01",
+            AcmeChallenge::Dns01(_) => "dns-01",
+        }
+    }
+}
+
+/// How DNS-01 TXT records are set and checked.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Dns01 {
+    pub provider: DnsProvider,
+    /// Servers asked whether the record is visible; empty: the zone's authoritative servers.
+    #[serde(default)]
+    pub resolvers: Vec<std::net::SocketAddr>,
+    /// The longest wait for the record to be visible before the CA is asked to validate.
+    #[serde(with = "humantime_serde")]
+    pub propagation_timeout: Duration,
+    /// The pause between two visibility checks.
+    #[serde(with = "humantime_serde")]
+    pub propagation_interval: Duration,
+    /// The TXT record's TTL in seconds.
+    pub ttl: u32,
+}
+
+/// Who sets the TXT record.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", rename_all_fields = "camelCase")]
+pub enum DnsProvider {
+    /// RFC 2136 dynamic updates signed with TSIG, sent to the zone's primary server.
+    Rfc2136 {
+        server: std::net::SocketAddr,
+        /// The zone updated, e.g. `example.com`.
+        zone: String,
+        key_name: String,
+        /// `hmac-sha256`, `hmac-sha384` or `hmac-sha512`.
+        algorithm: String,
+        /// The key's base64 secret, or a `tsig-keygen` key file; read at each issuance.
+        secret_file: PathBuf,
+    },
+    /// A command run with `BERTH_ACME_*` variables to present and clean up the record.
+    Hook {
+        command: Vec<String>,
+        /// `NAME=value` lines added to the command's environment (credentials).
+        #[serde(default)]
+        env_file: Option<PathBuf>,
+        #[serde(with = "humantime_serde")]
+        timeout: Duration,
+    },
+}
+
+impl DnsProvider {
+    /// As the config spells it.
+    pub fn name(&self) -> &'static str {
+        match self {
+            DnsProvider::Rfc2136 { .. } => "rfc2136",
+            DnsProvider::Hook { .. } => "hook",
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

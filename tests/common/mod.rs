@@ -7,12 +7,14 @@
 #![allow(dead_code)]
 
 pub mod agent;
+pub mod bind;
 pub mod config;
 pub mod eg;
 pub mod fleet;
 pub mod host;
 pub mod load;
 pub mod locks;
+pub mod pebble;
 pub mod registry;
 pub mod serve;
 pub mod skip;

@@ -14,6 +14,7 @@
 //! rendered file is parsed back as YAML before it is returned, so a broken override template
 //! fails here, naming the template.
 
+mod alpn;
 pub mod cache;
 pub mod descriptors;
 pub mod escape;

@@ -112,6 +112,8 @@ pub struct ChainView {
     /// SNI names choosing this chain; empty for the default chain.
     pub server_names: Vec<String>,
     pub tls: Option<TlsView>,
+    /// A TLS-ALPN-01 challenge chain: chosen (and answering) by ALPN `acme-tls/1` only.
+    pub acme_tls_alpn: bool,
 }
 
 #[derive(Debug, Serialize, Clone)]
@@ -451,9 +453,11 @@ fn standalone(
                 sni_chains.push(ChainView {
                     server_names: c.server_names,
                     tls: Some(view),
+                    acme_tls_alpn: c.acme_tls_alpn,
                 });
             }
         }
+        super::alpn::ordinary_chains(&mut sni_chains, tls.as_ref());
         let address = l.bind_address();
         let access_log = match r.access_log {
             ir::AccessLog::Off => None,
@@ -495,6 +499,7 @@ fn standalone(
             chains.push(ChainView {
                 server_names: Vec::new(),
                 tls: tls.clone(),
+                acme_tls_alpn: false,
             });
             let mut view = ListenerView {
                 name,

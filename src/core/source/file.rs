@@ -10,6 +10,7 @@
 //! map keys that are not plain identifiers are quoted (`proxy[0].labels."a b"`).
 
 mod acme;
+mod acme_dns;
 mod backend;
 mod check;
 mod doc;
@@ -27,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 use crate::core::ir;
 
+pub use acme_dns::{read_env_file, read_tsig_secret};
 pub use backend::{DEFAULT_CONNECT_TIMEOUT, DEFAULT_XDS_PORT};
 pub use errors::{ConfigError, ConfigErrors};
 pub use gateway::{read_ir_file, EnvoyGateway, MAX_IR_FILE_SIZE};

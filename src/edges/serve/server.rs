@@ -348,6 +348,34 @@ async fn metrics(shared: &Shared) -> String {
             );
         }
     }
+    m.clear("berth_acme_next_renewal_timestamp_seconds");
+    m.clear("berth_acme_failures");
+    for t in targets.values() {
+        for (listener, acme) in crate::ops::acme::listeners(&t.proxy) {
+            let files =
+                crate::ops::acme::ListenerFiles::new(shared.state.root(), t.name(), listener);
+            let st = crate::ops::acme::AcmeStatus::read(&files.status());
+            let solver = crate::ops::acme::solver_name(acme);
+            let l = [
+                ("proxy", t.name()),
+                ("listener", listener),
+                ("solver", &solver),
+            ];
+            let due = crate::ops::acme::due_at(&files, acme, std::time::SystemTime::now());
+            m.set(
+                "berth_acme_next_renewal_timestamp_seconds",
+                "When the ACME listener certificate is next obtained (renewal or retry), Unix seconds.",
+                &l,
+                due as f64,
+            );
+            m.set(
+                "berth_acme_failures",
+                "Failed ACME attempts in a row for the listener (0 after a success).",
+                &l,
+                st.failures as f64,
+            );
+        }
+    }
     let mut out = m.render();
     out.push_str(&envoy);
     out

@@ -5,15 +5,11 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
-use anyhow::{anyhow, bail, Context, Result};
-use instant_acme::{
-    Account, AccountCredentials, AuthorizationStatus, ChallengeType, Identifier, NewAccount,
-    NewOrder, OrderStatus, RetryPolicy,
-};
+use anyhow::{bail, Context, Result};
+use instant_acme::{Account, AccountCredentials, Identifier, NewAccount, NewOrder, RetryPolicy};
 use sha2::{Digest, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::challenge::{with_answers, Answer};
 use super::{backoff, renewal_time, unix, AcmeStatus, ListenerFiles};
 use crate::core::ir::{self, Infra, ProxyInfra};
 use crate::core::progress::{Event, Reporter};
@@ -36,7 +32,7 @@ pub struct Converger<'a> {
 }
 
 impl Converger<'_> {
-    async fn deliver(&self, proxy: &ProxyInfra) -> Result<()> {
+    pub(super) async fn deliver(&self, proxy: &ProxyInfra) -> Result<()> {
         let infra = Infra {
             proxies: vec![proxy.clone()],
         };
@@ -96,7 +92,7 @@ pub async fn renew_due(
             if !is_due(&files, acme, now, respect_backoff) {
                 continue;
             }
-            let result = obtain(conv, proxy, acme, &files).await;
+            let result = obtain(conv, proxy, &l.listener, acme, &files).await;
             let mut st = AcmeStatus::read(&files.status());
             st.last_attempt = Some(unix(now));
             let result = match result {
@@ -106,23 +102,27 @@ pub async fn renew_due(
                     st.failures = 0;
                     st.last_error = None;
                     st.next_renewal = Some(renewal_time(not_before, not_after));
+                    st.solver = Some(super::solve::solver_name(acme));
                     conv.reporter.event(Event::new(&proxy.name, "acme").message(format!(
-                        "listener {}: certificate for {} issued by {} (serial {serial}) and served by every replica in {took:.1?}",
+                        "listener {}: certificate for {} issued by {} over {} (serial {serial}) and served by every replica in {took:.1?}",
                         l.listener,
                         acme.domains.join(", "),
+                        super::solve::solver_name(acme),
                         acme.directory
                     )));
                     Ok((serial, took))
                 }
                 Err(e) => {
                     let msg = format!(
-                        "proxy {}, listener {}: could not obtain a certificate for {} from {}: {e:#}; the current certificate keeps serving",
+                        "proxy {}, listener {}: could not obtain a certificate for {} from {} over {}: {e:#}; the current certificate keeps serving",
                         proxy.name,
                         l.listener,
                         acme.domains.join(", "),
-                        acme.directory
+                        acme.directory,
+                        super::solve::solver_name(acme)
                     );
                     st.failures += 1;
+                    st.solver = Some(super::solve::solver_name(acme));
                     st.last_error = Some(msg.clone());
                     st.next_renewal = Some(unix(now) + backoff(st.failures).as_secs() as i64);
                     conv.reporter
@@ -178,11 +178,12 @@ fn is_due(files: &ListenerFiles, acme: &ir::Acme, now: SystemTime, respect_backo
 async fn obtain(
     conv: &Converger<'_>,
     proxy: &ProxyInfra,
+    listener: &str,
     acme: &ir::Acme,
     files: &ListenerFiles,
 ) -> Result<(String, i64, i64, Duration)> {
     let start = Instant::now();
-    let outcome = order(conv, proxy, acme, files).await;
+    let outcome = order(conv, proxy, listener, acme, files).await;
     // The answers go in any case; on success the new pair comes in with the same converge.
     let delivered = conv.deliver(proxy).await;
     let (serial, not_before, not_after) = outcome?;
@@ -193,6 +194,7 @@ async fn obtain(
 async fn order(
     conv: &Converger<'_>,
     proxy: &ProxyInfra,
+    listener: &str,
     acme: &ir::Acme,
     files: &ListenerFiles,
 ) -> Result<(String, i64, i64)> {
@@ -212,71 +214,14 @@ async fn order(
         }
         other => other?,
     };
-    let mut answers = Vec::new();
-    let mut authorizations = order.authorizations();
-    while let Some(authz) = authorizations.next().await {
-        let mut authz = authz?;
-        match authz.status {
-            AuthorizationStatus::Pending => {}
-            AuthorizationStatus::Valid => continue,
-            other => bail!("authorization for {} is {other:?}", authz.identifier()),
-        }
-        let challenge = authz.challenge(ChallengeType::Http01).ok_or_else(|| {
-            anyhow!("the CA offers no http-01 challenge, the only kind berth answers")
-        })?;
-        answers.push(Answer {
-            token: challenge.token.clone(),
-            key_authorization: challenge.key_authorization().as_str().to_string(),
-        });
-    }
-    conv.deliver(&with_answers(proxy, &acme.challenge_listener, &answers))
-        .await
-        .context("delivering the challenge answers to the proxy")?;
-    let mut authorizations = order.authorizations();
-    while let Some(authz) = authorizations.next().await {
-        let mut authz = authz?;
-        if authz.status != AuthorizationStatus::Pending {
-            continue;
-        }
-        if let Some(mut c) = authz.challenge(ChallengeType::Http01) {
-            c.set_ready().await?;
-        }
-    }
+    super::solve::answer(conv, proxy, listener, acme, &mut order).await?;
     let policy = RetryPolicy::new()
         .initial_delay(Duration::from_millis(250))
         .backoff(1.5)
         .timeout(ORDER_TIMEOUT);
-    let status = order.poll_ready(&policy).await?;
-    if status != OrderStatus::Ready {
-        bail!(
-            "the order is {status:?}: {}",
-            challenge_errors(&mut order).await
-        );
-    }
     let key_pem = order.finalize().await?;
     let cert_pem = order.poll_certificate(&policy).await?;
     install(files, cert_pem.as_bytes(), key_pem.as_bytes())
-}
-
-/// Why the CA refused the answers, from each authorization's challenges.
-async fn challenge_errors(order: &mut instant_acme::Order) -> String {
-    let mut out = Vec::new();
-    let mut authorizations = order.authorizations();
-    while let Some(Ok(mut authz)) = authorizations.next().await {
-        let Ok(state) = authz.refresh().await else {
-            continue;
-        };
-        for c in &state.challenges {
-            if let Some(e) = &c.error {
-                out.push(format!("{}: {e}", state.identifier()));
-            }
-        }
-    }
-    if out.is_empty() {
-        "the CA gave no reason".into()
-    } else {
-        out.join("; ")
-    }
 }
 
 /// Checks the issued pair as part A would, then puts it where the listener reads it.

@@ -17,8 +17,11 @@
 //!
 //! Account keys and certificate keys never reach labels, logs, events or status.
 
+pub mod alpn;
 pub mod challenge;
+pub mod dns;
 mod issue;
+mod solve;
 mod status;
 
 use std::path::{Path, PathBuf};
@@ -29,6 +32,7 @@ use anyhow::{Context, Result};
 use crate::core::ir::{self, ProxyInfra};
 
 pub use issue::{due_at, renew_due, Converger, Renewal};
+pub use solve::solver_name;
 pub use status::AcmeStatus;
 
 /// The first retry after a failure; doubled per failure up to [`MAX_BACKOFF`].

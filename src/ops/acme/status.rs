@@ -25,6 +25,9 @@ pub struct AcmeStatus {
     /// Failed attempts in a row (for backoff).
     #[serde(default)]
     pub failures: u32,
+    /// How the last attempt answered the CA: "http-01", "tls-alpn-01", "dns-01 rfc2136", …
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub solver: Option<String>,
 }
 
 impl AcmeStatus {

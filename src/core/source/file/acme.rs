@@ -18,6 +18,8 @@ const KEYS: &[&str] = &[
     "directory",
     "ca_file",
     "challenge_listener",
+    "challenge",
+    "dns",
 ];
 
 /// `tls.acme` of a listener (`tls` is its table); None when it has errors (reported).
@@ -33,6 +35,8 @@ pub(super) fn acme(cx: &mut Ctx, tls: &Tbl) -> Option<ir::Acme> {
     }
     let a = tls.sub(cx, "acme", KEYS)?;
     let errors_before = cx.error_count();
+    let challenge = super::acme_dns::challenge(cx, &a);
+    let wildcards = matches!(challenge, Some(ir::AcmeChallenge::Dns01(_)));
     let mut domains = Vec::new();
     if a.require(
         cx,
@@ -53,7 +57,7 @@ pub(super) fn acme(cx: &mut Ctx, tls: &Tbl) -> Option<ir::Acme> {
                 let Some(d) = doc::string(cx, d, format!("{field}[{i}]")) else {
                     continue;
                 };
-                match domain(d.v) {
+                match domain(d.v, wildcards) {
                     Ok(()) if domains.contains(&d.v.to_ascii_lowercase()) => {
                         d.err(cx, format!("{} is listed twice", show(d.v)))
                     }
@@ -90,6 +94,26 @@ pub(super) fn acme(cx: &mut Ctx, tls: &Tbl) -> Option<ir::Acme> {
         .str(cx, "challenge_listener")
         .map(|l| l.v.to_string())
         .unwrap_or_default();
+    if let Some(c) = challenge
+        .as_ref()
+        .filter(|c| **c != ir::AcmeChallenge::Http01)
+    {
+        if a.get("challenge_listener").is_some() {
+            cx.err(
+                &a.key_span("challenge_listener"),
+                &a.field("challenge_listener"),
+                format!(
+                    "only with challenge = \"http-01\"; {} is answered {}",
+                    c.name(),
+                    if *c == ir::AcmeChallenge::TlsAlpn01 {
+                        "on this listener itself"
+                    } else {
+                        "in DNS"
+                    }
+                ),
+            );
+        }
+    }
     if cx.error_count() > errors_before {
         return None;
     }
@@ -99,6 +123,8 @@ pub(super) fn acme(cx: &mut Ctx, tls: &Tbl) -> Option<ir::Acme> {
         directory: directory?,
         ca_file,
         challenge_listener,
+        challenge: challenge?,
+        alpn_answers: Vec::new(),
     })
 }
 
@@ -116,6 +142,9 @@ pub(super) fn challenge_listeners(
         .collect();
     for (t, r) in listeners.iter().zip(routings.iter_mut()) {
         let Some(acme) = &mut r.acme else { continue };
+        if acme.challenge != ir::AcmeChallenge::Http01 {
+            continue;
+        }
         let field = format!("{}.acme.challenge_listener", t.field("tls"));
         let span = t.key_span("tls");
         if acme.challenge_listener.is_empty() {
@@ -142,8 +171,9 @@ pub(super) fn challenge_listeners(
     }
 }
 
-/// A DNS name an HTTP-01 challenge can prove: no wildcard, no IP address, no port.
-fn domain(s: &str) -> Result<(), String> {
+/// A DNS name a challenge can prove: no IP address, no port; a leading `*.` wildcard only
+/// with DNS-01 (`wildcards`).
+fn domain(s: &str, wildcards: bool) -> Result<(), String> {
     let fail = |why: &str| {
         format!(
             "must be a DNS name like \"example.com\" ({why}); got {}",
@@ -151,9 +181,18 @@ fn domain(s: &str) -> Result<(), String> {
         )
     };
     if s.contains('*') {
-        return Err(fail(
-            "wildcards need DNS-01 challenges, which berth does not answer",
-        ));
+        if !wildcards {
+            return Err(fail(
+                "wildcards need challenge = \"dns-01\": a CA proves them only through DNS",
+            ));
+        }
+        let rest = s.strip_prefix("*.").unwrap_or("*");
+        if rest.contains('*') {
+            return Err(fail(
+                "a wildcard is a leading \"*.\" only, as \"*.example.com\"",
+            ));
+        }
+        return domain(rest, false);
     }
     if s.parse::<std::net::IpAddr>().is_ok() || s.starts_with('[') {
         return Err(fail("not an IP address"));
@@ -200,12 +239,23 @@ mod tests {
 
     #[test]
     fn domains_emails_and_directories_say_what_is_allowed() {
-        assert!(domain("example.com").is_ok());
-        assert!(domain("localhost").is_ok());
-        assert!(domain("*.example.com").unwrap_err().contains("DNS-01"));
-        assert!(domain("127.0.0.1").unwrap_err().contains("IP address"));
-        assert!(domain("example.com:443").unwrap_err().contains("no port"));
-        assert!(domain("a..b").is_err());
+        assert!(domain("example.com", false).is_ok());
+        assert!(domain("localhost", false).is_ok());
+        assert!(domain("*.example.com", false)
+            .unwrap_err()
+            .contains("dns-01"));
+        assert!(domain("*.example.com", true).is_ok());
+        assert!(domain("a.*.example.com", true)
+            .unwrap_err()
+            .contains("leading"));
+        assert!(domain("*.127.0.0.1", true).is_err());
+        assert!(domain("127.0.0.1", false)
+            .unwrap_err()
+            .contains("IP address"));
+        assert!(domain("example.com:443", false)
+            .unwrap_err()
+            .contains("no port"));
+        assert!(domain("a..b", false).is_err());
         assert!(email("ops@example.com").is_ok());
         assert!(email("ops").unwrap_err().contains("e-mail"));
         assert!(directory("https://127.0.0.1:14000/dir").is_ok());
