@@ -5,7 +5,7 @@ prefix, its own compose project name, its own ports and its own temporary direct
 benchmarks (or a benchmark and the test suite, which uses `io.berth.test=1`) never touch each
 other's containers.
 """
-import datetime, os, platform, re, shutil, signal, socket, subprocess, sys, time
+import datetime, json, os, platform, re, shutil, signal, socket, subprocess, sys, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Every build of berth targets the host's triple explicitly (.cargo/config.toml: static linking).
@@ -101,10 +101,12 @@ def floor_list():
 CONCURRENCY = 1
 
 
-def fleet_toml(n_proxies, replicas, base_port, prefix, min_ready="2s", image=IMAGE, drain_timeout="5s"):
+def fleet_toml(n_proxies, replicas, base_port, prefix, min_ready="2s", image=IMAGE, drain_timeout="5s",
+               max_surge=None, min_drain_duration="0s"):
     """n proxies named <prefix>0.., each `replicas` replicas on port base_port+i, answering
-    200 "<name>\\n" to every request."""
+    200 "<name>\\n" to every request. max_surge: None for berth's default, else 2 or "50%"."""
     out = []
+    surge = "" if max_surge is None else f"\nmax_surge = {json.dumps(max_surge)}"
     for i in range(n_proxies):
         name = f"{prefix}{i}"
         out.append(f"""
@@ -114,10 +116,10 @@ image = "{image}"
 replicas = {replicas}
 concurrency = {CONCURRENCY}
 [proxy.rollout]
-min_ready = "{min_ready}"
+min_ready = "{min_ready}"{surge}
 [proxy.shutdown]
 drain_timeout = "{drain_timeout}"
-min_drain_duration = "0s"
+min_drain_duration = "{min_drain_duration}"
 [[proxy.listener]]
 name = "web"
 port = {base_port + i}

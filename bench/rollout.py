@@ -3,6 +3,12 @@
 
 Run: scripts/bench.sh rollout      (prints a table; cleans up after itself)
      BENCH_ROLLOUTS=2 scripts/bench.sh rollout      (a short run)
+     BENCH_BIG=0 scripts/bench.sh rollout           (without the 32-replica rollout)
+
+berth runs three times, with `max_surge = 1` (one replica after another), with its default
+`max_surge` and with "100%" (every replica in one wave), beside compose, in one run. Then one 32-replica berth rollout at berth's default
+settings (`min_ready` 2s, `min_drain_duration` 1s, default `max_surge`) under the same load:
+its time is reported (compose is not run at 32).
 
 Both fleets are 3 Envoy replicas on one host port (host networking, SO_REUSEPORT), upgraded
 1.39.3 -> 1.40.0 (and back) under wrk keep-alive load (50 connections, 2 threads, 127.0.0.1 only).
@@ -35,6 +41,8 @@ from common import (run_benchmark, BASE_PORT, CONCURRENCY, HostSysctls, bench_la
                     floor_run, remove_labelled, running, sh, terminate_on_sigterm, wait_serving)
 
 ROLLOUTS = int(os.environ.get("BENCH_ROLLOUTS", "10"))
+BIG = int(os.environ.get("BENCH_BIG", "32"))   # replicas of the one rollout at the defaults; 0: none
+SURGES = (1, None, "100%")                      # max_surge of berth's runs; None: berth's default
 OLD, NEW = "berth/envoy:1.39.3", "berth/envoy:1.40.0"
 LABEL = bench_label("rollout")
 PROJECT = "bbrollout"
@@ -144,14 +152,14 @@ def replicas_of(events):
     return out
 
 
-def berth_rollouts(d, state, floors, floors_idle):
+def berth_rollouts(d, state, floors, floors_idle, max_surge):
     cfg = os.path.join(d, "berth.toml")
     body = f"{PROXY}\n"
 
     def write(image):
         with open(cfg, "w") as f:
             f.write(fleet_toml(1, REPLICAS, PORT, PREFIX, min_ready=f"{MIN_READY_S}s", image=image,
-                               drain_timeout=DRAIN))
+                               drain_timeout=DRAIN, max_surge=max_surge))
     write(OLD)
     sh(*berth(cfg, state, LABEL, "-q", "up"))
     assert running(LABEL) == REPLICAS, f"berth runs {running(LABEL)} of {REPLICAS} replicas"
@@ -227,21 +235,65 @@ def main():
     try:
         floors, floors_idle = [], []
         with HostSysctls():
-            b = berth_rollouts(d, state, floors, floors_idle)
+            bs = [berth_rollouts(d, state, floors, floors_idle, m) for m in SURGES]
             c = compose_rollouts(cdir)
+            big = big_rollout(d, state) if BIG else None
     finally:
         for p in children:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         cleanup(LABEL, dirs=(d, state), compose_dir=cdir, project=PROJECT)
-    report(b, c, floors, floors_idle)
+    for m, b in zip(SURGES, bs):
+        report(b, c, floors, floors_idle, m)
+    if big:
+        report_big(big)
 
 
-def report(b, c, floors, floors_idle):
+def big_rollout(d, state):
+    """One rollout of BIG replicas at berth's defaults under the same load: (exit code, seconds,
+    failed requests, requests, outage, events)."""
+    cfg = os.path.join(d, "berth.toml")
+    body = f"{PROXY}\n"
+
+    def write(image):
+        with open(cfg, "w") as f:
+            f.write(fleet_toml(1, BIG, PORT, PREFIX, min_ready="2s", image=image, drain_timeout=DRAIN,
+                               min_drain_duration="1s"))
+    write(OLD)
+    sh(*berth(cfg, state, LABEL, "-q", "up"))
+    wait_serving(PORT, BIG, body)
+    write(NEW)
+    wrk = start_wrk(PORT)
+    time.sleep(SETTLE)
+    log_path = os.path.join(d, "berth-up-big.log")
+    with open(log_path, "w") as log:
+        rc, total, events = berth_up_events(berth(cfg, state, LABEL, "--output", "json", "up"), log)
+    if rc != 0:
+        sys.stderr.write(f"berth up ({BIG} replicas) exited {rc}; stderr:\n{open(log_path).read()}\n")
+    wait_serving(PORT, BIG, body)
+    time.sleep(SETTLE)
+    w = stop_wrk(wrk)
+    sh(*berth(cfg, state, LABEL, "-q", "down"))
+    surge = next((e.get("message", "") for _, e in events if e.get("event") == "surge"), "")
+    lowered = next((e.get("message", "") for _, e in events if e.get("event") == "surge-lowered"), "")
+    return dict(rc=rc, total=total, surge=surge, lowered=lowered, **w)
+
+
+def report_big(r):
+    print()
+    print(f"One rollout of {BIG} replicas ({OLD} -> {NEW}) at berth's defaults (min_ready 2s,"
+          f" min_drain_duration 1s, default max_surge), same wrk load:")
+    print(f"  berth up: {r['total']:.2f}s, exit {r['rc']}; {r['surge']}" + (f"; {r['lowered']}" if r["lowered"] else ""))
+    print(f"  failed requests {r['errors']} of {r['reqs']}, outage {r['outage']:.3f}s, longest wait {r['wait']:.3f}s")
+
+
+def report(b, c, floors, floors_idle, max_surge):
     med = statistics.median
     w = 52
     print()
+    surge = "berth's default max_surge" if max_surge is None else f"max_surge = {max_surge}"
+    print(f"== berth with {surge} ==")
     print(f"Rolling upgrade of {REPLICAS} replicas ({OLD} <-> {NEW}) under wrk load "
           f"({CONNECTIONS} keep-alive connections, {THREADS} threads, 127.0.0.1), {ROLLOUTS} rollouts each.")
     print("Baseline: Debian's docker-compose 1.29 (Python; compose v2 cannot be installed on this host),")
@@ -270,6 +322,8 @@ def report(b, c, floors, floors_idle):
     row("rollout command time (median), s", lambda rs: med([r["total"] for r in rs]), ".2f")
     row("until 3 replicas serve again (median), s", lambda rs: med([r["serving"] for r in rs]), ".2f")
     row("rollouts that failed (exit != 0)", lambda rs: sum(1 for r in rs if r["rc"] != 0), "d")
+    ratio = med([r["total"] for r in b]) / med([r["total"] for r in c])
+    print(f"{'rollout time, berth / compose (medians)':<{w}} {ratio:>14.2f}x")
     row("rollouts not on the new image after", lambda rs: sum(1 for r in rs if not r["on_new_image"]), "d")
     print("  waits for: berth: validate the new bootstrap, per replica start, LIVE + listeners bound,")
     print(f"    min_ready {MIN_READY_S:.0f} s, drain the old one until 0 connections, stop + remove; compose: nothing")

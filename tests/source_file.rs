@@ -180,6 +180,7 @@ fn multi_maps_every_section() {
             startup_deadline: Duration::from_secs(45),
             min_ready: Duration::from_secs(3),
             on_failure: OnFailure::Pause,
+            ..RolloutPolicy::default()
         }
     );
     assert_eq!(edge.host_ports(), vec![10081, 15432]);

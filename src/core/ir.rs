@@ -314,6 +314,21 @@ pub struct RolloutPolicy {
     #[serde(with = "humantime_serde")]
     pub min_ready: Duration,
     pub on_failure: OnFailure,
+    /// How many new replicas start and are gated together ([`crate::core::rollout::surge`]).
+    #[serde(default)]
+    pub max_surge: crate::core::rollout::MaxSurge,
+    /// Whether the gate judges a new replica's own traffic during `min_ready` against its
+    /// siblings' ([`crate::core::rollout::judge`], [`crate::core::rollout::Thresholds::GATE`]).
+    #[serde(default = "yes")]
+    pub judge_traffic: bool,
+    /// `[proxy.rollout.canary]`: the first replicas of the new spec are held beside the old
+    /// ones and judged before the rest roll ([`crate::core::rollout::canary`]).
+    #[serde(default)]
+    pub canary: Option<crate::core::rollout::Canary>,
+}
+
+fn yes() -> bool {
+    true
 }
 
 impl Default for RolloutPolicy {
@@ -322,6 +337,9 @@ impl Default for RolloutPolicy {
             startup_deadline: Duration::from_secs(30),
             min_ready: Duration::from_secs(2),
             on_failure: OnFailure::Rollback,
+            max_surge: crate::core::rollout::MaxSurge::default(),
+            judge_traffic: true,
+            canary: None,
         }
     }
 }

@@ -19,5 +19,6 @@ pub mod policy;
 pub mod progress;
 pub mod render;
 pub mod replica;
+pub mod rollout;
 pub mod source;
 pub mod target;

@@ -10,4 +10,5 @@ pub mod admin;
 pub mod drain;
 pub mod log;
 pub mod readiness;
+pub mod traffic;
 pub mod xds;

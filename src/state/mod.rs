@@ -7,6 +7,7 @@
 //! 0755 below it (bind mounts do not need the parents to be traversable by the container user).
 
 pub mod lock;
+pub mod rollout;
 
 use std::collections::BTreeMap;
 use std::fs;

@@ -58,6 +58,9 @@ pub struct Settings {
     pub extra: Vec<(String, toml::Value)>,
     pub on_failure: &'static str,
     pub min_ready: &'static str,
+    /// `rollout.max_surge`: 1 (one replica after another, the order most tests check) unless
+    /// a test sets another, or None for berth's default.
+    pub max_surge: Option<i64>,
 }
 
 impl Settings {
@@ -68,6 +71,7 @@ impl Settings {
             extra: Vec::new(),
             on_failure: "rollback",
             min_ready: "1s",
+            max_surge: Some(1),
         }
     }
 
@@ -118,6 +122,10 @@ impl Fleet {
                     "hello from berth\n",
                 )),
             );
+        let proxy = match s.max_surge {
+            Some(n) => proxy.set("rollout.max_surge", n),
+            None => proxy,
+        };
         let proxy = s
             .extra
             .iter()

@@ -7,6 +7,7 @@ mod docs;
 mod down_guard;
 pub mod log_lines;
 mod logs;
+mod rollout;
 mod settings;
 
 use std::path::PathBuf;
@@ -182,6 +183,13 @@ pub enum Command {
     /// Show one row per replica: state, readiness, image, spec, uptime, connections; then the
     /// listener certificates the replicas serve: SNI names, names, serial, expiry, days left.
     Status,
+    /// What is rolling, and steering it: status, pause, resume, promote (end a canary's hold),
+    /// undo (back to the previous spec, held until the config changes). Works on a rollout run
+    /// by a foreground `berth up` or by serve alike, through the state directory.
+    Rollout {
+        #[command(subcommand)]
+        verb: rollout::Verb,
+    },
     /// Show what `up` would do, without doing it.
     ///
     /// Images whose proxy has `pull = "always"` are pulled first, as `up` would (a pull
@@ -322,6 +330,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         }
         Command::Version => docs::version(cli.output, &mut std::io::stdout()),
         Command::Status => commands::status(&cli).await,
+        Command::Rollout { verb } => rollout::command(&cli, verb).await,
         Command::Serve { .. } => commands::serve(&cli).await,
         Command::Agent { command } => match agent::command(command).await {
             0 => Ok(()),

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use tokio_util::sync::CancellationToken;
 
-use super::gate::Want;
+use super::gate::{Ask, Want};
 use super::DockerHost;
 use crate::core::crashpoint;
 use crate::core::ir::{OnFailure, RolloutPolicy, Shutdown};
@@ -68,9 +68,17 @@ impl Run<'_> {
         let policy = &desired.rollout;
         let shutdown = &desired.shutdown;
         let mut done = PlanSummary::default();
-        // (slot, new name, old hash) of each replacement, for a rollback.
-        let mut replaced: Vec<(u32, String, String)> = Vec::new();
         let mut creates_done = false;
+        let mut replaces_done = false;
+        // A canary hold berth stopped in is decided first (see `canary`).
+        let resumed = self.resume_canary(target, observed).await?;
+        let canary_done = resumed.is_some();
+        let handled = resumed.unwrap_or_default();
+        let actions: Vec<&Action> = actions
+            .iter()
+            .copied()
+            .filter(|a| !matches!(a, Action::Remove { container, .. } if handled.contains(&container.id)))
+            .collect();
         for (step, action) in actions.iter().enumerate() {
             self.reporter.steps(step, actions.len());
             if self.cancel.is_cancelled() {
@@ -84,14 +92,19 @@ impl Run<'_> {
                         continue;
                     }
                     creates_done = true;
-                    done.create += self.create_all(desired, actions, image_id, &want).await?;
+                    done.create += self.create_all(desired, &actions, image_id, &want).await?;
                 }
                 Action::Start {
                     slot, container, ..
                 } => {
                     self.engine.start(&container.id).await?;
                     let run_name = run_dir_name(container, observed);
-                    self.gate(name, *slot, &container.id, &run_name, policy, &want)
+                    let ask = Ask {
+                        policy,
+                        want: &want,
+                        siblings: None,
+                    };
+                    self.gate(name, *slot, &container.id, &run_name, ask)
                         .await?;
                     self.reporter.event(
                         Event::new(name, "started")
@@ -100,40 +113,15 @@ impl Run<'_> {
                     );
                     done.start += 1;
                 }
-                Action::Replace {
-                    slot,
-                    old,
-                    reason,
-                    new_name,
-                    ..
-                } => {
-                    self.reporter.event(
-                        Event::new(name, "replacing")
-                            .slot(*slot)
-                            .container(&old.name)
-                            .message(reason.to_string()),
-                    );
-                    let old_hash = observed
-                        .iter()
-                        .find(|c| c.id == old.id)
-                        .and_then(|c| c.spec_hash())
-                        .unwrap_or_default()
-                        .to_string();
-                    match self
-                        .start_replica(desired, *slot, new_name, image_id, &want)
-                        .await
-                    {
-                        Ok(()) => {
-                            self.retire(name, old, observed, shutdown, policy).await?;
-                            replaced.push((*slot, new_name.clone(), old_hash));
-                            done.replace += 1;
-                        }
-                        Err(mut failure) => {
-                            failure.aftermath =
-                                self.after_failure(target, &replaced, observed).await;
-                            return Err(failure.into());
-                        }
+                Action::Replace { .. } => {
+                    // Every replacement at once, in waves of max_surge (see `waves`).
+                    if replaces_done {
+                        continue;
                     }
+                    replaces_done = true;
+                    done.replace += self
+                        .replace_in_waves(target, &actions, observed, image_id, &want, canary_done)
+                        .await?;
                 }
                 Action::Remove {
                     container, reason, ..
@@ -170,7 +158,7 @@ impl Run<'_> {
     ) -> Result<usize, GateFailure> {
         let creates = actions.iter().filter_map(|a| match a {
             Action::Create { slot, name, .. } => {
-                Some(self.start_replica(desired, *slot, name, image_id, want))
+                Some(self.start_replica(desired, *slot, name, image_id, want, None))
             }
             _ => None,
         });
@@ -223,14 +211,15 @@ impl Run<'_> {
     }
 
     /// After a failed gate: roll the already replaced slots back to their previous spec
-    /// (policy `rollback`), or leave them (policy `pause`). Returns what was done.
-    async fn after_failure(
+    /// (policy `rollback`), `surge` slots at a time, or leave them (policy `pause`). Returns
+    /// what was done.
+    pub(super) async fn after_failure(
         &self,
         target: &Target,
         replaced: &[(u32, String, String)],
         observed: &[ObservedContainer],
+        surge: usize,
     ) -> String {
-        let name = target.name();
         if replaced.is_empty() {
             return "no replica had been replaced; the old replicas keep serving".to_string();
         }
@@ -241,53 +230,66 @@ impl Run<'_> {
             );
         }
         let mut notes = Vec::new();
-        for (slot, new_name, old_hash) in replaced.iter().rev() {
-            let Some(previous) = self.state.read_spec(name, old_hash) else {
-                notes.push(format!(
-                    "slot {slot}: previous spec {old_hash} is not recorded; left on the new spec"
-                ));
-                continue;
-            };
-            let image_id = match self.engine.ensure_image(&previous.spec.image, false).await {
-                Ok(id) => id,
-                Err(e) => {
-                    notes.push(format!("slot {slot}: {e}"));
-                    continue;
-                }
-            };
-            // Never roll back a rollback: a failure here is reported, not retried.
-            let back_name = fresh_name(&previous, *slot, observed);
-            let want = Want::of(&previous, false);
-            match self
-                .start_replica(&previous, *slot, &back_name, &image_id, &want)
-                .await
-            {
-                Ok(_) => {
-                    crashpoint::reached("mid-rollback");
-                    let current = self.host.observe_proxy(name).await.unwrap_or_default();
-                    if let Some(c) = current.iter().find(|c| c.name == *new_name) {
-                        let (shutdown, policy) = self.drain_settings(name, c);
-                        let _ = self
-                            .retire(name, &ContainerRef::of(c), observed, &shutdown, &policy)
-                            .await;
-                    }
-                    self.reporter.event(
-                        Event::new(name, "rolled-back")
-                            .slot(*slot)
-                            .message(old_hash.clone()),
-                    );
-                    notes.push(format!(
-                        "slot {slot}: rolled back to spec {}",
-                        replica::short_hash(old_hash)
-                    ));
-                }
-                Err(f) => notes.push(format!(
-                    "slot {slot}: rollback failed too ({}); left as is",
-                    f.reason
-                )),
-            }
+        let latest_first: Vec<_> = replaced.iter().rev().collect();
+        for wave in latest_first.chunks(surge.max(1)) {
+            let backs = wave.iter().map(|(slot, new_name, old_hash)| {
+                self.roll_back_slot(target.name(), *slot, new_name, old_hash, observed)
+            });
+            notes.extend(futures_util::future::join_all(backs).await);
         }
         format!("rolled back the replaced replicas: {}", notes.join("; "))
+    }
+
+    /// Puts `slot` back on spec `old_hash`: a replica of it started and gated, then the new
+    /// one (`new_name`) retired. Never rolls back a rollback: a failure is reported, not
+    /// retried.
+    async fn roll_back_slot(
+        &self,
+        name: &str,
+        slot: u32,
+        new_name: &str,
+        old_hash: &str,
+        observed: &[ObservedContainer],
+    ) -> String {
+        let Some(previous) = self.state.read_spec(name, old_hash) else {
+            return format!(
+                "slot {slot}: previous spec {old_hash} is not recorded; left on the new spec"
+            );
+        };
+        let image_id = match self.engine.ensure_image(&previous.spec.image, false).await {
+            Ok(id) => id,
+            Err(e) => return format!("slot {slot}: {e}"),
+        };
+        let back_name = fresh_name(&previous, slot, observed);
+        let want = Want::of(&previous, false);
+        match self
+            .start_replica(&previous, slot, &back_name, &image_id, &want, None)
+            .await
+        {
+            Ok(_) => {
+                crashpoint::reached("mid-rollback");
+                let current = self.host.observe_proxy(name).await.unwrap_or_default();
+                if let Some(c) = current.iter().find(|c| c.name == *new_name) {
+                    let (shutdown, policy) = self.drain_settings(name, c);
+                    let _ = self
+                        .retire(name, &ContainerRef::of(c), observed, &shutdown, &policy)
+                        .await;
+                }
+                self.reporter.event(
+                    Event::new(name, "rolled-back")
+                        .slot(slot)
+                        .message(old_hash.to_string()),
+                );
+                format!(
+                    "slot {slot}: rolled back to spec {}",
+                    replica::short_hash(old_hash)
+                )
+            }
+            Err(f) => format!(
+                "slot {slot}: rollback failed too ({}); left as is",
+                f.reason
+            ),
+        }
     }
 
     /// Removes files nothing uses any more: old generations, specs and run directories.

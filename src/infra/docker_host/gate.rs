@@ -9,6 +9,7 @@ use tokio::time::Instant;
 
 use super::execute::Run;
 use super::retire::drain;
+use super::traffic_gate::{Siblings, TrafficWatch};
 use crate::core::crashpoint;
 use crate::core::ir::{RolloutPolicy, Shutdown};
 use crate::core::progress::Event;
@@ -43,6 +44,13 @@ pub enum Gate {
     Listeners,
     /// Ready, but not for the whole minimum ready time.
     MinReady,
+    /// Ready, but its own traffic during the minimum ready time failed far more often than
+    /// its siblings' ([`crate::core::rollout::judge`]).
+    Traffic,
+    /// A canary whose numbers during its hold were worse than the old replicas'.
+    Canary,
+    /// `berth rollout undo` during the rollout.
+    Undone,
 }
 
 impl fmt::Display for Gate {
@@ -53,6 +61,9 @@ impl fmt::Display for Gate {
             Gate::Exited => "stay running",
             Gate::Listeners => "bind all its listeners",
             Gate::MinReady => "stay ready for the minimum ready time",
+            Gate::Traffic => "answer its traffic as well as its siblings",
+            Gate::Canary => "pass its canary hold",
+            Gate::Undone => "start: the rollout was undone",
         })
     }
 }
@@ -126,6 +137,14 @@ impl Want {
     }
 }
 
+/// What a gate asks of one replica: the policy's deadlines, what it must show, and the
+/// siblings its traffic is judged against (None: not judged).
+pub(super) struct Ask<'a> {
+    pub policy: &'a RolloutPolicy,
+    pub want: &'a Want,
+    pub siblings: Option<&'a Siblings>,
+}
+
 /// One look at a replica against what the gate wants: Ok when satisfied, else why not.
 async fn look(admin: &dyn crate::envoy::admin::AdminApi, want: &Want) -> Result<(), NotReady> {
     match want {
@@ -154,6 +173,7 @@ impl Run<'_> {
         name: &str,
         image_id: &str,
         want: &Want,
+        siblings: Option<&Siblings>,
     ) -> Result<(), GateFailure> {
         let proxy = &desired.spec.proxy;
         let failure = |gate: Gate, reason: String| GateFailure {
@@ -193,7 +213,17 @@ impl Run<'_> {
         self.reporter
             .event(Event::new(proxy, "created").slot(slot).container(name));
         if let Err(mut f) = self
-            .gate(proxy, slot, &id, name, &desired.rollout, want)
+            .gate(
+                proxy,
+                slot,
+                &id,
+                name,
+                Ask {
+                    policy: &desired.rollout,
+                    want,
+                    siblings,
+                },
+            )
             .await
         {
             if desired.xds && f.gate == Gate::Ready {
@@ -246,9 +276,13 @@ impl Run<'_> {
         slot: u32,
         id: &str,
         run_name: &str,
-        policy: &RolloutPolicy,
-        want: &Want,
+        ask: Ask<'_>,
     ) -> Result<(), GateFailure> {
+        let Ask {
+            policy,
+            want,
+            siblings,
+        } = ask;
         let admin = self.host.admin(proxy, run_name, ADMIN_TIMEOUT);
         let failure = |gate: Gate, reason: String| GateFailure {
             proxy: proxy.to_string(),
@@ -293,6 +327,10 @@ impl Run<'_> {
         }
         let ready_until = Instant::now() + policy.min_ready;
         let mut admin_errors = 0;
+        let mut traffic = match siblings {
+            Some(s) => Some(TrafficWatch::begin(s).await),
+            None => None,
+        };
         while Instant::now() < ready_until {
             tokio::time::sleep(POLL.min(policy.min_ready)).await;
             let last = Instant::now() >= ready_until;
@@ -313,6 +351,19 @@ impl Run<'_> {
                 }
                 Err(e) => return Err(failure(Gate::MinReady, e.to_string())),
             }
+            if let Some(t) = traffic.as_mut() {
+                t.check(admin.as_ref(), last)
+                    .await
+                    .map_err(|why| failure(Gate::Traffic, why))?;
+            }
+        }
+        if let Some(t) = traffic {
+            self.reporter.event(
+                Event::new(proxy, "traffic")
+                    .slot(slot)
+                    .container(run_name)
+                    .message(t.outcome()),
+            );
         }
         Ok(())
     }

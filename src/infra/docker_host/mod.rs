@@ -16,6 +16,7 @@
 //! rows).
 
 mod ahead;
+mod canary;
 mod execute;
 mod files;
 mod gate;
@@ -24,6 +25,8 @@ mod prepare;
 mod retire;
 #[cfg(test)]
 mod tests;
+mod traffic_gate;
+mod waves;
 
 pub use ahead::Ahead;
 pub use gate::{Gate, GateFailure};
@@ -297,6 +300,9 @@ impl Infrastructure for DockerHost {
             run.prune(target).await?;
         }
         // Nothing changed since the facts were probed: their probes are the readiness.
+        // A spec `berth rollout undo` rolled back from is held: readiness is the held spec's.
+        let held = canary::held_spec(&run, target, &observed);
+        let desired = held.as_ref().unwrap_or(desired);
         let readiness = if actions.is_empty() && matches!(delivery, Delivery::Unchanged) {
             observe::tally(desired, &observed, &probes)
         } else {

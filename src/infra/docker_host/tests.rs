@@ -334,12 +334,13 @@ async fn cancellation_stops_between_two_steps() {
         .await
         .unwrap_err();
     assert!(matches!(err, ConvergeError::Cancelled { .. }), "{err}");
-    // The step under way was finished: slot 0 replaced, the others untouched, none short.
+    // The wave under way was finished (max_surge 50% of 3: slots 0 and 1), the last slot
+    // untouched, none short.
     assert_eq!(
         images(&w),
         vec![
             ("0".into(), NEW.into()),
-            ("1".into(), OLD.into()),
+            ("1".into(), NEW.into()),
             ("2".into(), OLD.into())
         ]
     );

@@ -272,6 +272,9 @@ pub(super) fn rollout(cx: &mut Ctx, p: &Tbl) -> ir::RolloutPolicy {
         "min_ready",
         "drain_timeout",
         "on_failure",
+        "max_surge",
+        "judge_traffic",
+        "canary",
     ];
     let Some(t) = p.sub(cx, "rollout", &keys) else {
         return d;
@@ -302,6 +305,63 @@ pub(super) fn rollout(cx: &mut Ctx, p: &Tbl) -> ir::RolloutPolicy {
         startup_deadline: duration(cx, &t, "startup_deadline", d.startup_deadline, false),
         min_ready: duration(cx, &t, "min_ready", d.min_ready, true),
         on_failure,
+        max_surge: max_surge(cx, &t).unwrap_or(d.max_surge),
+        judge_traffic: t.bool(cx, "judge_traffic").map_or(d.judge_traffic, |b| b.v),
+        canary: canary(cx, &t),
+    }
+}
+
+/// `[proxy.rollout.canary]`: replicas, hold, max_error_ratio, min_requests.
+fn canary(cx: &mut Ctx, t: &Tbl) -> Option<crate::core::rollout::Canary> {
+    let keys = ["replicas", "hold", "max_error_ratio", "min_requests"];
+    let c = t.sub(cx, "canary", &keys)?;
+    let d = crate::core::rollout::Canary::default();
+    let max_error_ratio = match c.get("max_error_ratio") {
+        None => d.thresholds.max_error_ratio,
+        Some(v) => match doc::float(cx, v, c.field("max_error_ratio")) {
+            Some(f) if (0.0..=1.0).contains(&f.v) => f.v,
+            Some(f) => {
+                f.err(
+                    cx,
+                    format!(
+                        "must be a fraction from 0.0 to 1.0 (0.05: the canaries may fail 5 \
+                         points more of their requests than the old replicas), got {}",
+                        f.v
+                    ),
+                );
+                d.thresholds.max_error_ratio
+            }
+            None => d.thresholds.max_error_ratio,
+        },
+    };
+    Some(crate::core::rollout::Canary {
+        replicas: c
+            .int(cx, "replicas", 1, 32)
+            .map_or(d.replicas, |n| n.v as u32),
+        hold: duration(cx, &c, "hold", d.hold, true),
+        thresholds: crate::core::rollout::Thresholds {
+            min_requests: c
+                .int(cx, "min_requests", 1, 1_000_000_000)
+                .map_or(d.thresholds.min_requests, |n| n.v as u64),
+            max_error_ratio,
+        },
+    })
+}
+
+/// `max_surge = 2` or `max_surge = "50%"`.
+fn max_surge(cx: &mut Ctx, t: &Tbl) -> Option<crate::core::rollout::MaxSurge> {
+    let v = t.get("max_surge")?;
+    let field = t.field("max_surge");
+    match v.get_ref() {
+        toml::de::DeValue::String(s) => match crate::core::rollout::MaxSurge::parse_percent(s) {
+            Ok(m) => Some(m),
+            Err(e) => {
+                cx.err(&v.span(), &field, e);
+                None
+            }
+        },
+        _ => doc::int(cx, v, field, 1, 10_000)
+            .map(|n| crate::core::rollout::MaxSurge::Count(n.v as u32)),
     }
 }
 

@@ -1,0 +1,175 @@
+//! `berth rollout status|pause|resume|promote|undo [PROXY]`: what is rolling, and steering it.
+//!
+//! Whoever runs a rollout (a foreground `berth up`, or serve) records it in the proxy's
+//! `rollout.json` in the state directory and looks, every second, for the requests this
+//! command leaves beside it ([`crate::state::rollout`]): the same for both, and no socket to
+//! find. A request nobody picks up within a few seconds is reported as such.
+
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use clap::Subcommand;
+
+use super::settings::Resolved;
+use super::{Cli, Output};
+use crate::state::rollout::{Request, RolloutFiles};
+
+#[derive(Debug, Clone, Subcommand)]
+pub enum Verb {
+    /// What is rolling: the spec it goes to, a canary's hold and its numbers against the old
+    /// replicas, time left, pause.
+    Status { proxy: Option<String> },
+    /// Hold the rollout: a canary's hold stops counting; waves stop before the next one.
+    Pause { proxy: Option<String> },
+    /// Go on after a pause.
+    Resume { proxy: Option<String> },
+    /// End a canary's hold now and roll the rest.
+    Promote { proxy: Option<String> },
+    /// Back to the previous spec: the canaries (or the replicas replaced so far) drain and the
+    /// old spec stays, also on later passes, until the config asks for another spec.
+    Undo { proxy: Option<String> },
+}
+
+/// How long a request may wait to be picked up before the command says so.
+const PICK_UP: Duration = Duration::from_secs(10);
+
+pub(super) async fn command(cli: &Cli, verb: &Verb) -> Result<()> {
+    let resolved = Resolved::load_optional(cli)?;
+    let state = resolved.state_dir.as_path();
+    let (proxy, request) = match verb {
+        Verb::Status { proxy } => return status(cli, state, proxy.as_deref()),
+        Verb::Pause { proxy } => (proxy, Request::Pause),
+        Verb::Resume { proxy } => (proxy, Request::Resume),
+        Verb::Promote { proxy } => (proxy, Request::Promote),
+        Verb::Undo { proxy } => (proxy, Request::Undo),
+    };
+    let name = one_rolling(state, proxy.as_deref())?;
+    let files = RolloutFiles::new(state, &name);
+    if request == Request::Promote && files.read().is_none_or(|r| r.canaries.is_empty()) {
+        bail!("{name}: no canary is holding; promote ends a canary's hold");
+    }
+    files.request(request)?;
+    let said = match request {
+        Request::Pause => {
+            "paused (the hold stops counting; waves stop before the next one)".to_string()
+        }
+        Request::Resume => "resumed".to_string(),
+        Request::Promote | Request::Undo => {
+            let started = std::time::Instant::now();
+            while files.take_pending(request) && started.elapsed() < PICK_UP {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            if files.take_pending(request) {
+                format!(
+                    "requested, not picked up within {}s: is the berth running this rollout \
+                     (up or serve) still there?",
+                    PICK_UP.as_secs()
+                )
+            } else if request == Request::Promote {
+                "promoted: the rest of the rollout goes on".to_string()
+            } else {
+                "undone: the new replicas drain, the previous spec stays until the config asks \
+                 for another one"
+                    .to_string()
+            }
+        }
+    };
+    if !cli.quiet {
+        println!("{name}: {said}");
+    }
+    Ok(())
+}
+
+/// The proxy a steering verb is for: `named`, which must be rolling, or the only one rolling.
+fn one_rolling(state: &Path, named: Option<&str>) -> Result<String> {
+    let rolling = rolling(state);
+    match named {
+        Some(n) if rolling.iter().any(|r| r == n) => Ok(n.to_string()),
+        Some(n) => bail!("{n}: nothing is rolling (no rollout.json in its state directory)"),
+        None => match rolling.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => bail!("nothing is rolling in {}", state.display()),
+            many => bail!(
+                "several proxies are rolling ({}): name one",
+                many.join(", ")
+            ),
+        },
+    }
+}
+
+/// The proxies of `state` with a rollout under way.
+fn rolling(state: &Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(state.join("proxies")) else {
+        return Vec::new();
+    };
+    let mut names: Vec<String> = dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str().map(str::to_string))
+        .filter(|n| RolloutFiles::new(state, n).read().is_some())
+        .collect();
+    names.sort();
+    names
+}
+
+fn status(cli: &Cli, state: &Path, proxy: Option<&str>) -> Result<()> {
+    let now = crate::state::rollout::now_secs();
+    let names: Vec<String> = match proxy {
+        Some(p) => vec![p.to_string()],
+        None => rolling(state),
+    };
+    let rows: Vec<serde_json::Value> = names
+        .iter()
+        .map(|n| {
+            let files = RolloutFiles::new(state, n);
+            let r = files.read();
+            let phase = match &r {
+                None => "idle",
+                Some(r) if files.paused() || r.paused_at.is_some() => "paused",
+                Some(r) if !r.canaries.is_empty() => "canary",
+                Some(_) => "rolling",
+            };
+            serde_json::json!({
+                "proxy": n,
+                "phase": phase,
+                "toSpec": r.as_ref().map(|r| crate::core::replica::short_hash(&r.to_hash).to_string()),
+                "canaries": r.as_ref().map(|r| r.canaries.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>()),
+                "heldSeconds": r.as_ref().filter(|r| !r.canaries.is_empty()).map(|r| r.held(now).as_secs()),
+                "holdSeconds": r.as_ref().filter(|r| !r.canaries.is_empty()).map(|r| r.hold_secs),
+                "last": r.as_ref().map(|r| r.last.clone()),
+                "undone": files.undone().map(|h| crate::core::replica::short_hash(&h).to_string()),
+            })
+        })
+        .collect();
+    if cli.output == Output::Json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    if rows.is_empty() {
+        println!("nothing is rolling");
+        return Ok(());
+    }
+    println!(
+        "{:<16} {:<8} {:<13} {:<10} LAST",
+        "PROXY", "PHASE", "TO SPEC", "HELD"
+    );
+    for r in &rows {
+        let held = match (r["heldSeconds"].as_u64(), r["holdSeconds"].as_u64()) {
+            (Some(h), Some(of)) => format!("{h}s/{of}s"),
+            _ => "-".to_string(),
+        };
+        let mut last = r["last"].as_str().unwrap_or("").to_string();
+        if let Some(u) = r["undone"].as_str() {
+            last = format!("spec {u} undone, held on the previous one; {last}");
+        }
+        println!(
+            "{:<16} {:<8} {:<13} {:<10} {}",
+            r["proxy"].as_str().unwrap_or(""),
+            r["phase"].as_str().unwrap_or(""),
+            r["toSpec"].as_str().unwrap_or("-"),
+            held,
+            last
+        );
+    }
+    Ok(())
+}
