@@ -354,6 +354,9 @@ async fn rollout_pause_resume_promote_and_undo() {
     let out = rollout(&fleet, &["--output", "json", "status", PROXY]).await;
     let rows: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(rows[0]["phase"], "paused", "{rows}");
+    // `status` reads the request file; the holding `up` looks at it once a second. Resuming
+    // before its next look would leave no pause for it to see (and no canary-paused event).
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(rollout(&fleet, &["resume"]).await.status.success());
     let promoted = rollout(&fleet, &["promote", PROXY]).await;
     assert!(
