@@ -9,9 +9,12 @@ use std::process::Command;
 /// envoy-types' `proto/` directory, through `cargo metadata` (the package is downloaded: this
 /// test depends on it).
 fn envoy_types_protos() -> PathBuf {
+    // Offline, the host's packages are there; another platform's (android_system_properties…)
+    // may never have been downloaded.
     let out = Command::new(env!("CARGO"))
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["--filter-platform", &host_triple()])
         .output()
         .expect("running cargo metadata");
     assert!(
@@ -28,6 +31,19 @@ fn envoy_types_protos() -> PathBuf {
         .and_then(|p| p["manifest_path"].as_str())
         .expect("cargo metadata lists envoy-types");
     Path::new(manifest).parent().unwrap().join("proto")
+}
+
+/// The host's target triple, as rustc names it.
+fn host_triple() -> String {
+    let out = Command::new("rustc")
+        .arg("-vV")
+        .output()
+        .expect("running rustc -vV");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .to_string()
 }
 
 fn protos(dir: &Path, under: &Path, out: &mut Vec<PathBuf>) {
