@@ -123,7 +123,7 @@ impl StateDir {
         Ok(changed)
     }
 
-    /// Copies a checked listener certificate into `tls/<listener>/` under names carrying its
+    /// Copies a checked listener certificate into `tls/<dir>/` under names carrying its
     /// version (the key readable only by the replica user). Other versions are removed unless
     /// `keep` names them (the ones the watched files on disk still point at). Returns the files
     /// written.
@@ -133,7 +133,7 @@ impl StateDir {
         cert: &crate::core::certificates::Certificate,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<String>> {
-        let dir = self.proxy(proxy).tls(&cert.secret);
+        let dir = self.proxy(proxy).tls(&cert.dir);
         create_dir(&dir, 0o755)?;
         let (cert_name, key_name) = (cert.cert_name(), cert.key_name());
         for entry in fs::read_dir(&dir)? {
@@ -159,7 +159,7 @@ impl StateDir {
             let user = crate::core::replica::replica_user();
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
-            changed.push(format!("{}/{name}", cert.secret));
+            changed.push(format!("{}/{name}", cert.dir));
         }
         Ok(changed)
     }
