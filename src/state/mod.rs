@@ -199,6 +199,79 @@ impl StateDir {
         Ok(changed)
     }
 
+    /// On a Swarm, the live set its tasks were last given: the watched files and the
+    /// certificate copies (`tls/<owner>/<file>`, see
+    /// [`crate::core::agent::channel::TLS_PREFIX`]).
+    pub fn read_live(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
+        let mut files = self.read_xds(proxy)?;
+        let dir = self.proxy(proxy).live_tls();
+        let Ok(owners) = fs::read_dir(&dir) else {
+            return Ok(files);
+        };
+        for owner in owners {
+            let owner = owner?;
+            if !owner.file_type()?.is_dir() {
+                continue;
+            }
+            let name = owner.file_name().to_string_lossy().into_owned();
+            for entry in fs::read_dir(owner.path())? {
+                let entry = entry?;
+                let file = entry.file_name().to_string_lossy().into_owned();
+                if !file.starts_with('.') && entry.file_type()?.is_file() {
+                    files.insert(
+                        format!("{}{name}/{file}", crate::core::agent::channel::TLS_PREFIX),
+                        fs::read_to_string(entry.path())?,
+                    );
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// Records the live set of a Swarm proxy ([`StateDir::read_live`]): the watched files as
+    /// [`StateDir::write_xds`] does, the certificate copies under `live-tls/` (0600; others
+    /// removed). Returns the names that changed.
+    pub fn write_live(&self, proxy: &str, files: &BTreeMap<String, String>) -> Result<Vec<String>> {
+        let prefix = crate::core::agent::channel::TLS_PREFIX;
+        let (copies, watched): (BTreeMap<String, String>, BTreeMap<String, String>) = files
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .partition(|(n, _)| n.starts_with(prefix));
+        let mut changed = self.write_xds(proxy, &watched)?;
+        let dir = self.proxy(proxy).live_tls();
+        let before = self.read_live(proxy)?;
+        for (name, text) in &copies {
+            let rest = &name[prefix.len()..];
+            let Some((owner, file)) = rest.split_once('/') else {
+                anyhow::bail!("not a certificate copy's name: {name:?}");
+            };
+            if [owner, file]
+                .iter()
+                .any(|p| p.is_empty() || p.starts_with('.') || p.contains('/'))
+            {
+                anyhow::bail!("not a certificate copy's name: {name:?}");
+            }
+            if before.get(name) == Some(text) {
+                continue;
+            }
+            create_dir(&dir, 0o700)?;
+            create_dir(&dir.join(owner), 0o700)?;
+            write_atomic(&dir.join(owner).join(file), text.as_bytes(), 0o600)?;
+            changed.push(name.clone());
+        }
+        for name in before.keys().filter(|n| n.starts_with(prefix)) {
+            if !copies.contains_key(name) {
+                let rest = &name[prefix.len()..];
+                let _ = fs::remove_file(dir.join(rest));
+                if let Some((owner, _)) = rest.split_once('/') {
+                    let _ = fs::remove_dir(dir.join(owner));
+                }
+                changed.push(name.clone());
+            }
+        }
+        Ok(changed)
+    }
+
     /// Reads the watched xDS files as they are on disk.
     pub fn read_xds(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
         let dir = self.proxy(proxy).xds();
