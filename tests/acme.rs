@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use common::config::{table, Listener, Proxy, Route};
 use common::fleet::{stderr, Fleet, PROXY};
 use common::load::{assert_no_failures, Load};
-use common::pebble::{Pebble, CHALLTESTSRV, PEBBLE};
+use common::pebble::{
+    acme_table, listener_status, serve_status, wait_issued, Pebble, CHALLTESTSRV, PEBBLE,
+};
 use common::serve::Serve;
 use common::tls::{served_by_name, served_serials};
 use common::{free_port, TEST_IMAGE};
@@ -25,12 +27,7 @@ const DOMAIN: &str = "edge.berth.test";
 const VALIDITY_S: u64 = 60;
 
 fn config(http: u16, https: u16, pebble: &Pebble, domains: &[&str]) -> String {
-    let acme = table([
-        ("domains", domains.to_vec().into()),
-        ("email", "ops@berth.test".into()),
-        ("directory", pebble.directory().into()),
-        ("ca_file", pebble.ca().display().to_string().into()),
-    ]);
+    let acme = acme_table(pebble, domains, &[]);
     Proxy::test(PROXY, TEST_IMAGE, 2)
         .listener(Listener::http("web", http).route(Route::direct("/", 200, "plain\n")))
         .listener(
@@ -41,39 +38,6 @@ fn config(http: u16, https: u16, pebble: &Pebble, domains: &[&str]) -> String {
             )),
         )
         .to_toml()
-}
-
-fn status(fleet: &Fleet) -> serde_json::Value {
-    let path = fleet
-        .state()
-        .join("acme")
-        .join(PROXY)
-        .join("https")
-        .join("status.json");
-    serde_json::from_slice(&std::fs::read(path).expect("status.json")).unwrap()
-}
-
-/// Until 16 new connections in a row are served one serial issued by pebble; that serial.
-/// `berth up` returns once every replica confirmed it, so this is at once (the bound only ends
-/// a hang); the time it took is printed.
-async fn wait_pebble_serial(port: u16, not: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let (serial, issuer) = served_by_name(port, DOMAIN).await.unwrap();
-        let all = served_serials(port, 16).await;
-        if issuer.contains("Pebble") && serial != not && all == [serial.clone()] {
-            eprintln!(
-                "{serial} from pebble served by every replica {:?} after berth up returned",
-                start.elapsed()
-            );
-            return serial;
-        }
-        assert!(
-            start.elapsed() < common::EVENTUALLY,
-            "not served by every replica: {serial} from {issuer}; {all:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn now_s() -> i64 {
@@ -99,11 +63,11 @@ async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_dow
     let started = Instant::now();
     let out = fleet.up_ok().await;
     let issuance = started.elapsed();
-    let first = wait_pebble_serial(https, "").await;
+    let first = wait_issued(https, DOMAIN, "").await;
     eprintln!(
         "first issuance: berth up took {issuance:?} (placeholder, converge, order, delivery)"
     );
-    let st = status(&fleet);
+    let st = listener_status(&fleet);
     assert_eq!(st["placeholder"], false, "{st}");
     assert!(st["last_error"].is_null(), "{st}");
     let acme_dir = fleet.state().join("acme");
@@ -148,7 +112,7 @@ async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_dow
     let started = Instant::now();
     fleet.up_ok().await;
     let renewal = started.elapsed();
-    let second = wait_pebble_serial(https, &first).await;
+    let second = wait_issued(https, DOMAIN, &first).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let report = load.stop().await;
     eprintln!(
@@ -172,7 +136,7 @@ async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_dow
         "{err}"
     );
     assert_eq!(served_serials(https, 16).await, [second.as_str()]);
-    let st = status(&fleet);
+    let st = listener_status(&fleet);
     assert_eq!(st["failures"], 1, "{st}");
     assert!(st["last_error"]
         .as_str()
@@ -182,10 +146,10 @@ async fn certificates_are_issued_renewed_under_load_and_survive_the_ca_being_dow
     // Back: the next attempt succeeds (pebble forgot the account; berth registers again).
     pebble.start_pebble();
     fleet.up_ok().await;
-    let third = wait_pebble_serial(https, &second).await;
+    let third = wait_issued(https, DOMAIN, &second).await;
     let (_, issuer) = served_by_name(https, "www.berth.test").await.unwrap();
     assert!(issuer.contains("Pebble"), "{issuer}");
-    let st = status(&fleet);
+    let st = listener_status(&fleet);
     assert_eq!(st["failures"], 0, "{st}");
     assert!(st["last_error"].is_null(), "{st}");
     eprintln!("serials: {first} → {second} → {third}");
@@ -207,15 +171,6 @@ async fn reqwest_get(port: u16, path: &str) -> String {
     buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_string()
 }
 
-/// The certificate of `https`'s ACME listener as serve's /status shows it.
-fn acme_status(serve: &Serve) -> serde_json::Value {
-    serve.proxy(PROXY)["certificates"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["listener"] == "https"))
-        .map(|c| c["acme"].clone())
-        .unwrap_or_default()
-}
-
 /// `berth serve` obtains the certificate with no command: the CA is down at first (the error
 /// is in /status, a placeholder serves), the attempt is retried after its backoff once the CA
 /// is back, and the renewal component renews at two thirds of the lifetime by itself.
@@ -235,9 +190,9 @@ async fn serve_retries_after_backoff_and_renews_when_due() {
     serve.wait_for(
         "the failed attempt in /status",
         Duration::from_secs(60),
-        |s| acme_status(s)["failures"] == 1,
+        |s| serve_status(s)["failures"] == 1,
     );
-    let st = acme_status(&serve);
+    let st = serve_status(&serve);
     let error = st["last_error"].as_str().unwrap_or_default().to_string();
     assert!(error.contains(&pebble.directory()), "{st}");
     assert_eq!(st["placeholder"], true, "{st}");
@@ -248,11 +203,11 @@ async fn serve_retries_after_backoff_and_renews_when_due() {
     let retry = serve.wait_for(
         "the retry after the backoff",
         Duration::from_secs(90),
-        |s| acme_status(s)["issued_at"].is_i64(),
+        |s| serve_status(s)["issued_at"].is_i64(),
     );
     eprintln!("serve: issued {retry:?} after pebble came back (first backoff 30s)");
-    let first = wait_pebble_serial(https, "").await;
-    let st = acme_status(&serve);
+    let first = wait_issued(https, DOMAIN, "").await;
+    let st = serve_status(&serve);
     assert!(st["last_error"].is_null() && st["failures"] == 0, "{st}");
 
     let issued = st["issued_at"].as_i64().unwrap();
@@ -260,11 +215,11 @@ async fn serve_retries_after_backoff_and_renews_when_due() {
         "the renewal at two thirds",
         Duration::from_secs(VALIDITY_S + 30),
         |s| {
-            acme_status(s)["issued_at"]
+            serve_status(s)["issued_at"]
                 .as_i64()
                 .is_some_and(|t| t > issued)
         },
     );
-    let second = wait_pebble_serial(https, &first).await;
+    let second = wait_issued(https, DOMAIN, &first).await;
     eprintln!("serve renewed by itself: {first} → {second}");
 }

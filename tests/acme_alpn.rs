@@ -7,28 +7,21 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
-use common::config::{table, Listener, Proxy, Route};
-use common::fleet::{Fleet, PROXY};
-use common::load::{assert_no_failures, Load};
-use common::pebble::{acme_table, listener_status, load_average, wait_issued, Options, Pebble};
+use common::fleet::Fleet;
+use common::load::assert_no_failures;
+use common::pebble::{
+    acme_table, https_proxy, listener_status, load_average, renew_under_load, wait_issued, Options,
+    Pebble,
+};
 use common::tls::served_by_name;
-use common::TEST_IMAGE;
 
 const DOMAIN: &str = "edge.berth.test";
 
 fn config(https: u16, pebble: &Pebble, domains: &[&str]) -> String {
-    let acme = acme_table(pebble, domains, &[("challenge", "tls-alpn-01".into())]);
-    Proxy::test(PROXY, TEST_IMAGE, 2)
-        .listener(
-            Listener::https("https", https, table([("acme", acme)])).route(Route::direct(
-                "/",
-                200,
-                "hello over TLS\n",
-            )),
-        )
-        .to_toml()
+    let extra = [("challenge", "tls-alpn-01".into())];
+    https_proxy(https, acme_table(pebble, domains, &extra))
 }
 
 /// Every listener file berth delivered, concatenated.
@@ -75,19 +68,11 @@ async fn tls_alpn_01_issues_with_port_80_unused_and_renews_under_https_load() {
     let replicas = fleet.ids().await;
 
     // Forced renewal (one more name) under load whose SNI is a challenged name.
-    let load = Load::start_tls_named(https, "/", 8, Duration::from_secs(120), DOMAIN);
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    std::fs::write(
-        fleet.config(),
-        config(https, &pebble, &[DOMAIN, "www.berth.test"]),
-    )
-    .unwrap();
-    let started = Instant::now();
-    fleet.up_ok().await;
-    let renewal = started.elapsed();
-    let second = wait_issued(https, DOMAIN, &first).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let report = load.stop().await;
+    let (renewal, second, report) = renew_under_load(&fleet, https, DOMAIN, &first, || {
+        let domains = [DOMAIN, "www.berth.test"];
+        std::fs::write(fleet.config(), config(https, &pebble, &domains)).unwrap()
+    })
+    .await;
     eprintln!(
         "tls-alpn-01: issuance (berth up) {issuance:?}, forced renewal under load {renewal:?}; {}; load average {}",
         report.summary(),

@@ -4,9 +4,10 @@
 //! records set through its management API by the test's hook script) for the hook solver. The
 //! proxy has no plain-HTTP listener at all. Covered: a wildcard certificate over each solver,
 //! served by SNI to two subdomains; the record removed afterwards; a forced renewal under HTTPS
-//! load with no failed request; a refused TSIG key, a record that never becomes visible and a
-//! failing hook each give a clear error naming the solver while the old certificate (or the
-//! placeholder) keeps serving; serve retries after the backoff.
+//! load with no failed request (over each solver); a refused TSIG key, a record that never
+//! becomes visible, a failing hook and a hanging one (killed at its timeout) each give a clear
+//! error naming the solver while the old certificate (or the placeholder) keeps serving; serve
+//! retries after the backoff.
 
 mod common;
 
@@ -15,35 +16,22 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use common::bind::{Named, KEY_NAME};
-use common::config::{table, Listener, Proxy, Route};
-use common::fleet::{stderr, Fleet, PROXY};
-use common::load::{assert_no_failures, Load};
-use common::pebble::{Options, Pebble};
+use common::config::table;
+use common::fleet::{stderr, Fleet};
+use common::load::assert_no_failures;
+use common::pebble::{
+    acme_table, https_proxy, listener_status, load_average, renew_under_load, serve_status,
+    wait_issued, Options, Pebble,
+};
 use common::serve::Serve;
 use common::tls::{served_by_name, served_serials_for};
-use common::TEST_IMAGE;
 
 const ZONE: &str = "berth.test";
 const WILDCARD: &str = "*.berth.test";
 
 fn config(https: u16, pebble: &Pebble, domains: &[&str], dns: toml::Value) -> String {
-    let acme = table([
-        ("domains", domains.to_vec().into()),
-        ("email", "ops@berth.test".into()),
-        ("directory", pebble.directory().into()),
-        ("ca_file", pebble.ca().display().to_string().into()),
-        ("challenge", "dns-01".into()),
-        ("dns", dns),
-    ]);
-    Proxy::test(PROXY, TEST_IMAGE, 2)
-        .listener(
-            Listener::https("https", https, table([("acme", acme)])).route(Route::direct(
-                "/",
-                200,
-                "hello over TLS\n",
-            )),
-        )
-        .to_toml()
+    let extra = [("challenge", "dns-01".into()), ("dns", dns)];
+    https_proxy(https, acme_table(pebble, domains, &extra))
 }
 
 fn rfc2136(named: &Named, secret_file: &Path) -> toml::Value {
@@ -57,16 +45,6 @@ fn rfc2136(named: &Named, secret_file: &Path) -> toml::Value {
         ("propagation_interval", "200ms".into()),
         ("propagation_timeout", "20s".into()),
     ])
-}
-
-fn status(fleet: &Fleet) -> serde_json::Value {
-    let path = fleet
-        .state()
-        .join("acme")
-        .join(PROXY)
-        .join("https")
-        .join("status.json");
-    serde_json::from_slice(&std::fs::read(path).expect("status.json")).unwrap()
 }
 
 /// The DNS names of the certificate one connection with SNI `name` is served.
@@ -98,24 +76,6 @@ fn base64_lines(der: &[u8]) -> String {
         .join("\n")
 }
 
-/// Until every new connection with SNI `name` is served one serial issued by pebble other than
-/// `not`, on every replica; that serial.
-async fn wait_pebble_serial(port: u16, name: &str, not: &str) -> String {
-    let start = Instant::now();
-    loop {
-        let (serial, issuer) = served_by_name(port, name).await.unwrap();
-        let all = served_serials_for(port, name, 16).await;
-        if issuer.contains("Pebble") && serial != not && all == [serial.clone()] {
-            return serial;
-        }
-        assert!(
-            start.elapsed() < common::EVENTUALLY,
-            "not served by every replica: {serial} from {issuer}; {all:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Both subdomains are served the same wildcard certificate from pebble (real handshakes
 /// through the host port, by SNI).
 async fn assert_wildcard_by_sni(port: u16, serial: &str) {
@@ -130,15 +90,6 @@ async fn assert_wildcard_by_sni(port: u16, serial: &str) {
             "{name}"
         );
     }
-}
-
-fn load_avg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split(' ')
-        .next()
-        .unwrap_or_default()
-        .to_string()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
@@ -165,9 +116,9 @@ async fn rfc2136_wildcard_served_by_sni_renewed_under_load_and_refusals_keep_the
     let started = Instant::now();
     let out = fleet.up_ok().await;
     let issuance = started.elapsed();
-    let first = wait_pebble_serial(https, "a.berth.test", "").await;
+    let first = wait_issued(https, "a.berth.test", "").await;
     assert_wildcard_by_sni(https, &first).await;
-    let st = status(&fleet);
+    let st = listener_status(&fleet);
     assert_eq!(st["solver"], "dns-01 rfc2136", "{st}");
     assert!(st["last_error"].is_null(), "{st}");
     assert!(
@@ -183,19 +134,14 @@ async fn rfc2136_wildcard_served_by_sni_renewed_under_load_and_refusals_keep_the
     );
 
     // A forced renewal (one more name, the zone's apex) under HTTPS load by SNI.
-    let load = Load::start_tls_named(https, "/", 8, Duration::from_secs(120), "a.berth.test");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    write(&[WILDCARD, ZONE], rfc2136(&named, &secret));
-    let started = Instant::now();
-    fleet.up_ok().await;
-    let renewal = started.elapsed();
-    let second = wait_pebble_serial(https, "a.berth.test", &first).await;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let report = load.stop().await;
+    let (renewal, second, report) = renew_under_load(&fleet, https, "a.berth.test", &first, || {
+        write(&[WILDCARD, ZONE], rfc2136(&named, &secret))
+    })
+    .await;
     eprintln!(
         "rfc2136: wildcard issuance (berth up) {issuance:?}, forced renewal under load {renewal:?}; {}; load average {}",
         report.summary(),
-        load_avg()
+        load_average()
     );
     assert_no_failures("rfc2136 renewal", &report);
     assert!(served_names(https, ZONE).await.contains(&ZONE.to_string()));
@@ -248,16 +194,20 @@ async fn rfc2136_wildcard_served_by_sni_renewed_under_load_and_refusals_keep_the
         served_serials_for(https, "b.berth.test", 8).await,
         [second.as_str()]
     );
-    let st = status(&fleet);
+    let st = listener_status(&fleet);
     assert_eq!(st["failures"], 2, "{st}");
 }
 
 /// The test's hook: sets and clears TXT records through challtestsrv's management API, whose
 /// address and a token come from the env file (the token stands for a provider credential).
-/// While `fail` exists it fails, printing the token (which berth must blank out).
+/// While `fail` exists it fails, printing the token (which berth must blank out); while `hang`
+/// exists it hangs (berth kills it at its timeout).
 const HOOK: &str = r#"#!/bin/sh
 set -eu
 echo "$BERTH_ACME_ACTION $BERTH_ACME_DOMAIN $BERTH_ACME_FQDN" >> "$HOOK_LOG"
+if [ -e "$HOOK_HANG" ]; then
+  sleep 60
+fi
 if [ -e "$HOOK_FAIL" ]; then
   echo "the provider refused token $PROVIDER_TOKEN" >&2
   exit 3
@@ -269,17 +219,9 @@ esac
 "#;
 const TOKEN: &str = "tok-3f9a1c77e2";
 
-fn acme_status(serve: &Serve) -> serde_json::Value {
-    serve.proxy(PROXY)["certificates"]
-        .as_array()
-        .and_then(|c| c.iter().find(|c| c["listener"] == "https"))
-        .map(|c| c["acme"].clone())
-        .unwrap_or_default()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 3)]
-async fn hook_wildcard_under_serve_fails_clearly_then_is_retried_and_served_by_sni() {
-    let test = "hook_wildcard_under_serve_fails_clearly_then_is_retried_and_served_by_sni";
+async fn hook_wildcard_fails_is_retried_by_serve_renewed_under_load_and_a_hang_times_out() {
+    let test = "hook_wildcard_fails_is_retried_by_serve_renewed_under_load_and_a_hang_times_out";
     if !common::pebble::installed(test) {
         return;
     }
@@ -290,39 +232,53 @@ async fn hook_wildcard_under_serve_fails_clearly_then_is_retried_and_served_by_s
     let hook = dir.join("dns-hook.sh");
     std::fs::write(&hook, HOOK).unwrap();
     std::fs::set_permissions(&hook, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let (fail, log) = (dir.join("hook-fails"), dir.join("hook.log"));
+    let (fail, hang, log) = (
+        dir.join("hook-fails"),
+        dir.join("hook-hangs"),
+        dir.join("hook.log"),
+    );
     std::fs::write(&fail, "").unwrap();
     std::fs::write(
         dir.join("dns.env"),
         format!(
-            "CHALLTESTSRV={}\nPROVIDER_TOKEN={TOKEN}\nHOOK_FAIL={}\nHOOK_LOG={}\n",
+            "CHALLTESTSRV={}\nPROVIDER_TOKEN={TOKEN}\nHOOK_FAIL={}\nHOOK_HANG={}\nHOOK_LOG={}\n",
             pebble.management(),
             fail.display(),
+            hang.display(),
             log.display()
         ),
     )
     .unwrap();
-    let dns = table([
-        ("provider", "hook".into()),
-        ("command", vec!["./dns-hook.sh"].into()),
-        ("env_file", "dns.env".into()),
-        ("timeout", "20s".into()),
-        (
-            "resolvers",
-            vec![format!("127.0.0.1:{}", pebble.dns_port)].into(),
-        ),
-        ("propagation_interval", "200ms".into()),
-    ]);
-    std::fs::write(fleet.config(), config(https, &pebble, &[WILDCARD], dns)).unwrap();
+    let dns = |timeout: &str| {
+        table([
+            ("provider", "hook".into()),
+            ("command", vec!["./dns-hook.sh"].into()),
+            ("env_file", "dns.env".into()),
+            ("timeout", timeout.into()),
+            (
+                "resolvers",
+                vec![format!("127.0.0.1:{}", pebble.dns_port)].into(),
+            ),
+            ("propagation_interval", "200ms".into()),
+        ])
+    };
+    let write = |domains: &[&str], timeout: &str| {
+        std::fs::write(
+            fleet.config(),
+            config(https, &pebble, domains, dns(timeout)),
+        )
+        .unwrap()
+    };
+    write(&[WILDCARD], "20s");
     let serve = Serve::start(&fleet.config(), &fleet.state(), &fleet.cleanup, &[]);
 
     // The hook fails: its words in /status, the token blanked, the placeholder serving.
     serve.wait_for(
         "the failed attempt in /status",
         Duration::from_secs(60),
-        |s| acme_status(s)["failures"] == 1,
+        |s| serve_status(s)["failures"] == 1,
     );
-    let st = acme_status(&serve);
+    let st = serve_status(&serve);
     let error = st["last_error"].as_str().unwrap_or_default().to_string();
     assert!(
         error.contains("dns-01 solver hook")
@@ -340,11 +296,11 @@ async fn hook_wildcard_under_serve_fails_clearly_then_is_retried_and_served_by_s
     let retry = serve.wait_for(
         "the retry after the backoff",
         Duration::from_secs(90),
-        |s| acme_status(s)["issued_at"].is_i64(),
+        |s| serve_status(s)["issued_at"].is_i64(),
     );
-    let serial = wait_pebble_serial(https, "a.berth.test", "").await;
+    let serial = wait_issued(https, "a.berth.test", "").await;
     assert_wildcard_by_sni(https, &serial).await;
-    let st = acme_status(&serve);
+    let st = serve_status(&serve);
     assert!(st["last_error"].is_null() && st["failures"] == 0, "{st}");
     let calls = std::fs::read_to_string(&log).unwrap();
     assert!(
@@ -366,6 +322,51 @@ async fn hook_wildcard_under_serve_fails_clearly_then_is_retried_and_served_by_s
     );
     eprintln!(
         "hook: issued {retry:?} after the hook was fixed (first backoff 30s); issuance {took}; load average {}",
-        load_avg()
+        load_average()
+    );
+    drop(serve);
+
+    // A forced renewal (one more name, the zone's apex) over the hook under HTTPS load by SNI.
+    let (renewal, second, report) =
+        renew_under_load(&fleet, https, "a.berth.test", &serial, || {
+            write(&[WILDCARD, ZONE], "20s")
+        })
+        .await;
+    eprintln!(
+        "hook: forced renewal under load {renewal:?}; {}; load average {}",
+        report.summary(),
+        load_average()
+    );
+    assert_no_failures("hook renewal", &report);
+    assert!(served_names(https, ZONE).await.contains(&ZONE.to_string()));
+
+    // A hook that hangs: killed at its timeout, a clear error naming the solver, the old
+    // certificate serving, the next attempt planned after the backoff (serve makes it).
+    std::fs::write(&hang, "").unwrap();
+    write(&[WILDCARD], "1s");
+    let started = Instant::now();
+    let out = fleet.up().await;
+    assert!(!out.status.success(), "up fails when the hook hangs");
+    let err = stderr(&out);
+    assert!(
+        err.contains("dns-01 solver hook")
+            && err.contains("did not finish within its timeout of 1s and was killed")
+            && err.contains("the current certificate keeps serving"),
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the hang was cut short"
+    );
+    assert_eq!(
+        served_serials_for(https, "b.berth.test", 8).await,
+        [second.as_str()]
+    );
+    let st = listener_status(&fleet);
+    assert_eq!(st["failures"], 1, "{st}");
+    let (next, last) = (st["next_renewal"].as_i64(), st["last_attempt"].as_i64());
+    assert!(
+        next.zip(last).is_some_and(|(n, l)| n >= l + 30),
+        "the next attempt waits out the backoff: {st}"
     );
 }

@@ -258,3 +258,39 @@ pub fn load_average() -> String {
         .unwrap_or_default()
         .to_string()
 }
+
+/// The test proxy (2 replicas) with one HTTPS listener `https` on `port`, its certificate over
+/// ACME as `acme` says.
+pub fn https_proxy(port: u16, acme: toml::Value) -> String {
+    use super::config::{table, Listener, Proxy, Route};
+    Proxy::test(super::fleet::PROXY, super::TEST_IMAGE, 2)
+        .listener(
+            Listener::https("https", port, table([("acme", acme)])).route(Route::direct(
+                "/",
+                200,
+                "hello over TLS\n",
+            )),
+        )
+        .to_toml()
+}
+
+/// A forced renewal under HTTPS load (8 connections with SNI `sni` through the host port):
+/// `change` (a config write), `berth up`, then until every replica serves a pebble serial other
+/// than `old`. Returns up's time, the new serial and the load's report.
+pub async fn renew_under_load(
+    fleet: &super::fleet::Fleet,
+    port: u16,
+    sni: &str,
+    old: &str,
+    change: impl FnOnce(),
+) -> (Duration, String, super::load::LoadReport) {
+    let load = super::load::Load::start_tls_named(port, "/", 8, Duration::from_secs(120), sni);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    change();
+    let started = Instant::now();
+    fleet.up_ok().await;
+    let took = started.elapsed();
+    let serial = wait_issued(port, sni, old).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    (took, serial, load.stop().await)
+}
