@@ -12,8 +12,9 @@
 //! - `docker node update --availability drain` of the worker: its tasks drain (their
 //!   connections end gracefully, none is reset) and stop there (global) or move to the
 //!   manager (replicated), while the manager's tasks serve on;
-//! - a route change under load on both nodes reaches both tasks live through their agents,
-//!   each task's Envoy confirming it: 0 failed requests, no task replaced, no new spec.
+//! - a route change and a certificate rotation under load on both nodes reach both tasks live
+//!   through their agents, each task's Envoy confirming it: 0 failed requests, no task
+//!   replaced, no new spec; a change Envoy refuses is taken back on every task.
 //!
 //! Run it on its own: `cargo test --test swarm_nodes` (as root: it makes a network namespace
 //! and a second engine).
@@ -27,6 +28,7 @@ use common::fleet::{ensure_images, NEW, OLD};
 use common::free_port;
 use common::load::{assert_no_failures, Load, LoadReport};
 use common::swarm::*;
+use common::tls::{pair, replace, served_serial_at};
 
 /// Keep-alive connections per node.
 const CONNECTIONS: usize = 12;
@@ -402,6 +404,37 @@ fn task_names(case: &SwarmCase) -> Vec<String> {
     names
 }
 
+/// The serial each node's tasks serve over HTTPS on `port`: one handshake per node and round,
+/// until both serve `serial` 8 times in a row (each node may run several tasks) or `within`.
+async fn wait_served_on_both(guard: &SwarmGuard, port: u16, serial: &str, within: Duration) {
+    let started = Instant::now();
+    let addrs = [guard.nodes.manager_addr(), guard.nodes.worker_addr()];
+    let mut in_a_row = 0;
+    loop {
+        let mut seen = Vec::new();
+        for addr in addrs {
+            seen.push(served_serial_at((addr, port).into(), "localhost").await);
+        }
+        if seen.iter().all(|s| s.as_deref() == Ok(serial)) {
+            in_a_row += 1;
+            if in_a_row == 8 {
+                return;
+            }
+        } else {
+            in_a_row = 0;
+            assert!(
+                started.elapsed() < within,
+                "serial {serial} not served on both nodes within {within:?}: {seen:?}"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One Swarm, several live changes (each reaching the tasks on both nodes through their
+/// agents, confirmed by each task's Envoy, no task replaced, no new spec): a route change and a
+/// certificate rotation under load on both nodes, 0 failed requests; then a change every
+/// task's Envoy refuses, taken back on every task.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_route_change_reaches_both_nodes_live_without_a_rolling_update() {
     let Some(guard) = scenario("a_route_change_reaches_both_nodes_live_without_a_rolling_update")
@@ -410,8 +443,34 @@ async fn a_route_change_reaches_both_nodes_live_without_a_rolling_update() {
     };
     let case = SwarmCase::new(&guard);
     let port = free_port();
-    let toml =
-        |text: &str| proxy_toml("twolive", NEW, port, GLOBAL).replace("hello from two nodes", text);
+    let tls_port = free_port();
+    let (cert, key) = (
+        case.dir.path().join("cert.pem"),
+        case.dir.path().join("key.pem"),
+    );
+    let put = |(c, k): (String, String)| {
+        replace(&cert, &c);
+        replace(&key, &k);
+    };
+    put(pair(0x2001, 2020, 2090));
+    let toml = |text: &str| {
+        proxy_toml("twolive", NEW, port, GLOBAL).replace("hello from two nodes", text)
+            + &format!(
+                r#"
+[[proxy.listener]]
+name = "secure"
+port = {tls_port}
+protocol = "https"
+tls = {{ cert_file = "{}", key_file = "{}" }}
+
+[[proxy.listener.route]]
+path_prefix = "/"
+direct_response = {{ status = 200, body = "secure\n" }}
+"#,
+                cert.display(),
+                key.display()
+            )
+    };
     case.write(&toml("before"));
     up_on_both(&case, NEW);
     let (m, w) = (guard.nodes.manager_addr(), guard.nodes.worker_addr());
@@ -419,6 +478,7 @@ async fn a_route_change_reaches_both_nodes_live_without_a_rolling_update() {
         (body(m, port), body(w, port)),
         ("before\n".into(), "before\n".into())
     );
+    wait_served_on_both(&guard, tls_port, "2001", Duration::from_secs(10)).await;
     let tasks = task_names(&case);
     let spec = || service("berth-twolive")["Spec"]["Labels"]["io.berth.spec-hash"].clone();
     let spec_before = spec();
@@ -448,6 +508,78 @@ async fn a_route_change_reaches_both_nodes_live_without_a_rolling_update() {
     assert!(
         said.contains("confirmed by 2 task(s) through their agents"),
         "{said}"
+    );
+    assert_eq!(task_names(&case), tasks, "no task replaced");
+    assert_eq!(spec(), spec_before, "no new spec: no rolling update");
+
+    // A certificate rotation under HTTPS load on both nodes: the new copies and the secret
+    // that names them go through the agents too, and `up` returns once every task's Envoy
+    // serves the new serial (its /certs).
+    let max = Duration::from_secs(120);
+    let on_manager = Load::start_tls_to((m, tls_port).into(), "/", CONNECTIONS, max);
+    let on_worker = Load::start_tls_to((w, tls_port).into(), "/", CONNECTIONS, max);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    put(pair(0x2002, 2021, 2091));
+    let started = Instant::now();
+    let out = case.up_ok();
+    let took = started.elapsed();
+    wait_served_on_both(&guard, tls_port, "2002", Duration::from_secs(2)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let what = |node: &str| {
+        format!(
+            "a live certificate rotation in {:.2}s, HTTPS load on {node}",
+            took.as_secs_f64()
+        )
+    };
+    assert_no_failures(&what("the manager"), &on_manager.stop().await);
+    assert_no_failures(&what("the worker"), &on_worker.stop().await);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(
+        said.contains("confirmed by 2 task(s) through their agents"),
+        "{said}"
+    );
+    assert_eq!(task_names(&case), tasks, "no task replaced");
+    assert_eq!(spec(), spec_before, "no new spec: no rolling update");
+
+    // A change Envoy refuses (a route template with an invalid regex, which only Envoy
+    // checks): every task refuses it, `up` fails naming Envoy's reason, and every task is
+    // back on the previous files.
+    let templates = case.dir.path().join("templates");
+    std::fs::create_dir_all(&templates).unwrap();
+    let rds = berth::core::render::builtin_template("rds.yaml.tera")
+        .unwrap()
+        .replace("prefix: {{ r.prefix }}", "safe_regex: { regex: \"(\" }");
+    std::fs::write(templates.join("rds.yaml.tera"), rds).unwrap();
+    let generation = |file: &str| {
+        std::fs::read_to_string(case.state().join("proxies/twolive/xds").join(file))
+            .unwrap()
+            .lines()
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let before = generation("rds-web.yaml");
+    case.write(&toml("refused"));
+    let out = case.berth(&["--templates", &path_str(&templates), "up"]);
+    let said = format!("{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert!(!out.status.success(), "a refused change fails `up`: {said}");
+    assert!(
+        said.contains("Envoy: Filesystem config update rejected: missing ): ("),
+        "Envoy's reason: {said}"
+    );
+    assert!(
+        said.contains("were restored on every task; each serves them"),
+        "{said}"
+    );
+    assert_eq!(
+        (body(m, port), body(w, port)),
+        ("after\n".into(), "after\n".into()),
+        "both nodes serve the previous routes"
+    );
+    assert_eq!(
+        generation("rds-web.yaml"),
+        before,
+        "the previous files on record"
     );
     assert_eq!(task_names(&case), tasks, "no task replaced");
     assert_eq!(spec(), spec_before, "no new spec: no rolling update");

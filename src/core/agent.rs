@@ -77,6 +77,13 @@ pub mod channel {
     pub const ENV_WATCHED: &str = "BERTH_AGENT_WATCHED_DIR";
     pub const ENV_BASELINE: &str = "BERTH_AGENT_BASELINE_DIR";
     pub const ENV_CREDENTIALS: &str = "BERTH_AGENT_CREDENTIALS_DIR";
+    /// The task's TLS directory (a tmpfs the agent writes): listener and backend certificate
+    /// copies, named by version, which the watched SDS files point at.
+    pub const ENV_TLS: &str = "BERTH_AGENT_TLS_DIR";
+    /// Files of the live set whose name starts with this go to the TLS directory, as
+    /// `tls/<owner>/<file>` (the listener's secret or the backend's owner, then the versioned
+    /// copy's name), not to the watched directory.
+    pub const TLS_PREFIX: &str = "tls/";
     /// Files in the credentials directory.
     pub const CA_FILE: &str = "ca.pem";
     pub const CERT_FILE: &str = "cert.pem";

@@ -22,9 +22,12 @@ use crate::core::ir;
 #[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Certificate {
     pub listener: String,
-    /// Its SDS secret's name, also its directory under the state's `tls/` (see
-    /// [`ir::ListenerRouting::certificates`]).
+    /// Its SDS secret's name (see [`ir::ListenerRouting::certificates`]).
     pub secret: String,
+    /// Its directory under the state's `tls/`: the secret's name, or the listener's for a
+    /// TLS-ALPN-01 challenge certificate.
+    #[serde(skip)]
+    pub dir: String,
     /// The SNI names that choose it; empty for the listener's default certificate.
     pub server_names: Vec<String>,
     /// The DNS names (and IP addresses) the leaf certificate is for: its subjectAltName, else
@@ -105,6 +108,7 @@ pub fn load(
             match checked {
                 Ok(mut c) => {
                     c.secret = lc.secret;
+                    c.dir = lc.dir;
                     c.server_names = lc.server_names;
                     out.push(c)
                 }
@@ -155,6 +159,7 @@ pub fn check_pem(
         .map_err(|e| anyhow!("{}", e.message(cert_file, key_file)))?;
     c.listener = listener.to_string();
     c.secret = listener.to_string();
+    c.dir = listener.to_string();
     c.cert_file = cert_file.to_path_buf();
     c.key_file = key_file.to_path_buf();
     Ok(c)
@@ -250,6 +255,7 @@ fn inspect(cert_pem: &[u8], key_pem: &[u8], now: SystemTime) -> Result<Certifica
     Ok(Certificate {
         listener: String::new(),
         secret: String::new(),
+        dir: String::new(),
         server_names: Vec::new(),
         names: names(&x509),
         cert_file: PathBuf::new(),
@@ -311,6 +317,7 @@ pub fn describe(cert_pem: &[u8]) -> Result<Certificate> {
     Ok(Certificate {
         listener: String::new(),
         secret: String::new(),
+        dir: String::new(),
         server_names: Vec::new(),
         names: names(&x509),
         cert_file: PathBuf::new(),

@@ -409,6 +409,7 @@ impl ListenerRouting {
             .iter()
             .map(|files| ListenerCertificate {
                 secret: self.listener.clone(),
+                dir: self.listener.clone(),
                 server_names: Vec::new(),
                 files,
                 acme_tls_alpn: false,
@@ -417,8 +418,10 @@ impl ListenerRouting {
         if let Traffic::Http { virtual_hosts } = &self.traffic {
             for vh in virtual_hosts {
                 if let Some(files) = &vh.tls {
+                    let secret = format!("{}_{}", self.listener, vh.name);
                     out.push(ListenerCertificate {
-                        secret: format!("{}_{}", self.listener, vh.name),
+                        dir: secret.clone(),
+                        secret,
                         server_names: vh.domains.iter().map(|d| d.to_ascii_lowercase()).collect(),
                         files,
                         acme_tls_alpn: false,
@@ -427,10 +430,14 @@ impl ListenerRouting {
             }
         }
         // TLS-ALPN-01 challenge certificates while a challenge is up; `__` keeps their names
-        // apart from the virtual hosts' (DNS labels never start with `_`).
+        // apart from the virtual hosts' (DNS labels never start with `_`). Their copies go in
+        // the listener's own directory: each directory is a mount made when a replica is
+        // created, so one made for a challenge would not reach the running replicas (and
+        // would change their spec).
         for (i, a) in self.acme.iter().flat_map(|a| &a.alpn_answers).enumerate() {
             out.push(ListenerCertificate {
                 secret: format!("{}__acme-tls-alpn-{i}", self.listener),
+                dir: self.listener.clone(),
                 server_names: vec![a.domain.clone()],
                 files: &a.files,
                 acme_tls_alpn: true,
@@ -444,6 +451,10 @@ impl ListenerRouting {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ListenerCertificate<'a> {
     pub secret: String,
+    /// Its directory under the state's `tls/` (mounted at the same name under
+    /// `layout::CONTAINER_TLS_DIR`): the secret's name, or the listener's for a TLS-ALPN-01
+    /// challenge certificate.
+    pub dir: String,
     /// Empty for the listener's default certificate.
     pub server_names: Vec<String>,
     pub files: &'a TlsFiles,

@@ -6,6 +6,7 @@
 //!     generations/<bootstrap-sha>/bootstrap.yaml  one per bootstrap content, never rewritten
 //!     xds/{lds,cds,rds-<listener>}.yaml          watched by Envoy, mounted read-only
 //!     tls/<listener or xds>/{cert,key,ca}.pem     copies of the TLS files, mounted read-only
+//!     live-tls/<owner>/<copy>.pem                 Swarm: the copies its tasks were last given
 //!     specs/<spec-hash>.json                     recorded specs, for rollback
 //!     run/<container-name>/admin.sock            each replica's admin socket directory
 //! ```
@@ -102,6 +103,12 @@ impl ProxyDirs {
     /// TLS files of one listener (or "xds"), copied here and mounted as a directory.
     pub fn tls(&self, owner: &str) -> PathBuf {
         self.root.join("tls").join(owner)
+    }
+
+    /// On a Swarm: the certificate copies of the live set the manager last delivered (what
+    /// attaching agents are brought to), `<owner>/<file>`; berth's own, keys 0600.
+    pub fn live_tls(&self) -> PathBuf {
+        self.root.join("live-tls")
     }
 
     pub fn run(&self, container_name: &str) -> PathBuf {

@@ -14,6 +14,7 @@ pub mod crashpoint;
 pub mod expect;
 pub mod ir;
 pub mod layout;
+pub mod liveness;
 pub mod plan;
 pub mod policy;
 pub mod progress;

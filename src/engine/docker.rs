@@ -549,6 +549,11 @@ impl ContainerEngine for DockerEngine {
         format!("{} at {}", self.product, self.endpoint)
     }
 
+    fn container_of_process(&self, pid: u32) -> Option<String> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).ok()?;
+        container_id_in_cgroup(&text)
+    }
+
     fn api_calls(&self) -> u64 {
         self.calls.load(Ordering::Relaxed)
     }
@@ -879,6 +884,21 @@ impl ContainerEngine for DockerEngine {
         }
     }
 
+    async fn kill(&self, id: &str) -> EngineResult<()> {
+        let opts = bollard::query_parameters::KillContainerOptions {
+            signal: "SIGKILL".to_string(),
+        };
+        match self.docker.kill_container(id, Some(opts)).await {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            // 409 "is not running": it is already down.
+            Err(BollardError::DockerResponseServerError {
+                status_code: 409, ..
+            }) => Ok(()),
+            Err(e) => Err(self.refused(format!("kill container {id}"), e).await),
+        }
+    }
+
     async fn remove(&self, id: &str) -> EngineResult<()> {
         let opts = RemoveContainerOptionsBuilder::default()
             .force(true)
@@ -1066,6 +1086,23 @@ fn bind_mount(m: &Mount) -> DockerMount {
         read_only: Some(m.read_only),
         ..Default::default()
     }
+}
+
+/// The container id a process's `/proc/PID/cgroup` names: a 64-hex path component, as
+/// Docker's cgroupfs driver (`/docker/<id>`), its systemd driver (`docker-<id>.scope`) and
+/// Podman (`libpod-<id>.scope`, `libpod-conmon-…` is not the container) write it.
+pub fn container_id_in_cgroup(text: &str) -> Option<String> {
+    text.lines()
+        .filter_map(|line| line.splitn(3, ':').nth(2))
+        .flat_map(|path| path.split('/'))
+        .map(|part| {
+            let part = part.strip_suffix(".scope").unwrap_or(part);
+            part.strip_prefix("docker-")
+                .or_else(|| part.strip_prefix("libpod-"))
+                .unwrap_or(part)
+        })
+        .find(|id| id.len() == 64 && id.bytes().all(|b| b.is_ascii_hexdigit()))
+        .map(str::to_string)
 }
 
 /// What only inspect tells about a container.
@@ -1325,6 +1362,23 @@ fn image_version_hint(image: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_cgroup_names_its_container() {
+        let id = "d692b2b621254704f4db3d246faf7e22ef4b8d44ebcfb165fafc1ac6d3196d4e";
+        let cgroupfs =
+            format!("9:name=systemd:/docker/{id}\n4:memory:/docker/{id}\n0::/docker/{id}\n");
+        assert_eq!(container_id_in_cgroup(&cgroupfs).as_deref(), Some(id));
+        let systemd = format!("0::/system.slice/docker-{id}.scope\n");
+        assert_eq!(container_id_in_cgroup(&systemd).as_deref(), Some(id));
+        let podman = format!("0::/user.slice/user-1000.slice/user@1000.service/user.slice/libpod-{id}.scope/container\n");
+        assert_eq!(container_id_in_cgroup(&podman).as_deref(), Some(id));
+        assert_eq!(
+            container_id_in_cgroup("0::/user.slice/session-3.scope\n"),
+            None
+        );
+        assert_eq!(container_id_in_cgroup("0::/\n"), None);
+    }
 
     #[test]
     fn splits_image_references() {

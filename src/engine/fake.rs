@@ -93,6 +93,8 @@ struct World {
     registry: BTreeMap<String, Image>,
     /// Every `pull` fails so while set ([`FakeEngine::fail_pulls`]).
     pull_failure: Option<crate::engine::PullFailure>,
+    /// Host processes and the container each runs in ([`FakeEngine::place_process`]).
+    processes: BTreeMap<u32, String>,
 }
 
 /// The in-memory engine. Share it as `Arc<FakeEngine>`: it is also the [`AdminConnector`] of
@@ -216,6 +218,20 @@ impl FakeEngine {
         w.history.push(format!("kill {id}"));
     }
 
+    /// Says host process `pid` runs in container `id` (what its cgroup would tell).
+    pub fn place_process(&self, pid: u32, id: &str) {
+        self.lock().processes.insert(pid, id.to_string());
+    }
+
+    /// Freezes a container as `docker pause` would.
+    pub fn pause(&self, id: &str) {
+        let mut w = self.lock();
+        if let Some(c) = w.containers.get_mut(id) {
+            c.state = RunState::Paused;
+        }
+        w.history.push(format!("pause {id}"));
+    }
+
     /// Changes a container's memory limit as `docker update` would.
     pub fn update_memory(&self, id: &str, memory: Option<i64>) {
         if let Some(c) = self.lock().containers.get_mut(id) {
@@ -312,6 +328,10 @@ impl ContainerEngine for FakeEngine {
     async fn ping(&self) -> bool {
         self.count();
         true
+    }
+
+    fn container_of_process(&self, pid: u32) -> Option<String> {
+        self.lock().processes.get(&pid).cloned()
     }
 
     /// The fake has no event log: it vouches for a container the cache knew whose
@@ -618,6 +638,25 @@ impl ContainerEngine for FakeEngine {
         c.started = None;
         let c = c.clone();
         self.emit("die", &c);
+        Ok(())
+    }
+
+    async fn kill(&self, id: &str) -> EngineResult<()> {
+        self.count();
+        let mut w = self.lock();
+        let Some(name) = w.containers.get(id).map(|c| c.live_name.clone()) else {
+            return Ok(());
+        };
+        self.step(&mut w, format!("sigkill {name}"))?;
+        if let Some(c) = w.containers.get_mut(id) {
+            if matches!(c.state, RunState::Running | RunState::Paused) {
+                c.state = RunState::Exited;
+                c.exit_code = 137;
+                c.started = None;
+                let c = c.clone();
+                self.emit("die", &c);
+            }
+        }
         Ok(())
     }
 

@@ -335,6 +335,14 @@ pub trait ContainerEngine: Send + Sync {
     /// Whether the engine answers.
     async fn ping(&self) -> bool;
 
+    /// The id of the container whose process `pid` is on this host (from the process's
+    /// cgroup), when the engine can tell. Whatever the container's state (paused, restarting,
+    /// stopped by a signal, none of which the engine reports a pid for), so preflight never
+    /// takes a socket of the fleet's own containers for a stranger's.
+    fn container_of_process(&self, _pid: u32) -> Option<String> {
+        None
+    }
+
     /// Every container (any state) whose labels match, with its live settings.
     async fn observe(&self, filter: &LabelFilter) -> EngineResult<Vec<ObservedContainer>>;
 
@@ -388,6 +396,10 @@ pub trait ContainerEngine: Send + Sync {
 
     /// SIGTERM, then SIGKILL after `timeout`. Stopping a stopped container is fine.
     async fn stop(&self, id: &str, timeout: Duration) -> EngineResult<()>;
+
+    /// SIGKILL at once, also to a paused container (the engine thaws it to deliver the
+    /// signal): its sockets close with it. A stopped or missing container is success.
+    async fn kill(&self, id: &str) -> EngineResult<()>;
 
     /// Removes a container (forced). A missing one is success.
     async fn remove(&self, id: &str) -> EngineResult<()>;

@@ -20,6 +20,7 @@
 pub mod boot;
 pub mod inotify;
 pub mod preflight;
+pub mod process;
 pub mod sysctl;
 
 use std::collections::{BTreeMap, BTreeSet};

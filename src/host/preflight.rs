@@ -37,14 +37,33 @@ pub struct Listening {
 }
 
 /// Fails when a listener port of `infra` is held by a process that is not one of berth's
-/// replicas (`replica_pids`). The message names the port and, where it can, the process.
+/// replicas: neither a replica's main process (`replica_pids`) nor a process `is_fleet` says
+/// belongs to one of the fleet's containers (the engine's answer from the process's cgroup:
+/// a replica paused, restarting or stopped by a signal is still the fleet's, whatever pid the
+/// engine reports for it). The message names the port and, where it can, the process.
 /// `fleet_uid`: see [`listening_tcp_ports_owned`].
 pub fn check_ports(
     infra: &Infra,
     replica_pids: &BTreeSet<u32>,
     fleet_uid: Option<u32>,
+    is_fleet: &dyn Fn(u32) -> bool,
 ) -> Result<()> {
-    let wanted: BTreeMap<u16, (IpAddr, &str)> = infra
+    let wanted = wanted_binds(infra);
+    let busy =
+        listening_tcp_ports_owned(&wanted.keys().copied().collect(), replica_pids, fleet_uid)?;
+    let problems = port_problems(&wanted, &busy, replica_pids, is_fleet);
+    if !problems.is_empty() {
+        bail!(
+            "{}\nstop that process or choose another port; nothing was changed",
+            problems.join("\n")
+        );
+    }
+    Ok(())
+}
+
+/// Each listener port of `infra` with the address it binds and its proxy.
+fn wanted_binds(infra: &Infra) -> BTreeMap<u16, (IpAddr, &str)> {
+    infra
         .proxies
         .iter()
         .flat_map(|p| {
@@ -52,16 +71,31 @@ pub fn check_ports(
                 .into_iter()
                 .map(move |(address, port)| (port, (address, p.name.as_str())))
         })
-        .collect();
-    let busy =
-        listening_tcp_ports_owned(&wanted.keys().copied().collect(), replica_pids, fleet_uid)?;
+        .collect()
+}
+
+/// The ports of `wanted` that `busy` shows held by a process of neither the fleet's replicas
+/// nor its containers, one line each.
+fn port_problems(
+    wanted: &BTreeMap<u16, (IpAddr, &str)>,
+    busy: &[Listening],
+    replica_pids: &BTreeSet<u32>,
+    is_fleet: &dyn Fn(u32) -> bool,
+) -> Vec<String> {
     let mut problems = Vec::new();
     for held in busy {
-        let (address, proxy) = wanted[&held.port];
+        let Some(&(address, proxy)) = wanted.get(&held.port) else {
+            continue;
+        };
         if !binds_collide(address, held.address) {
             continue;
         }
-        let foreign: Vec<u32> = held.pids.difference(replica_pids).copied().collect();
+        let foreign: Vec<u32> = held
+            .pids
+            .iter()
+            .copied()
+            .filter(|pid| !replica_pids.contains(pid) && !is_fleet(*pid))
+            .collect();
         if held.pids.is_empty() && !replica_pids.is_empty() {
             // We cannot see the owner (not root); with replicas running, assume it is ours.
             continue;
@@ -81,13 +115,7 @@ pub fn check_ports(
             shown(held.address)
         ));
     }
-    if !problems.is_empty() {
-        bail!(
-            "{}\nstop that process or choose another port; nothing was changed",
-            problems.join("\n")
-        );
-    }
-    Ok(())
+    problems
 }
 
 /// Fails when replicas × memory over all proxies exceeds the host's memory, unless forced.
@@ -548,6 +576,27 @@ mod tests {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         assert!(tcp_ports_listened_by(std::process::id()).contains(&port));
+    }
+
+    #[test]
+    fn a_socket_of_the_fleets_own_container_is_never_a_strangers() {
+        let wanted = BTreeMap::from([(10380, ("0.0.0.0".parse().unwrap(), "hflt"))]);
+        let held = |pids: &[u32]| Listening {
+            address: "0.0.0.0".parse().unwrap(),
+            port: 10380,
+            pids: pids.iter().copied().collect(),
+        };
+        let replicas = BTreeSet::from([100, 101]);
+        // 102 is a paused replica's Envoy: the engine reports no pid for it, but its cgroup is
+        // one of the fleet's containers.
+        let fleet = |pid: u32| pid == 102;
+        assert!(port_problems(&wanted, &[held(&[100, 101, 102])], &replicas, &fleet).is_empty());
+        let problems = port_problems(&wanted, &[held(&[100, 4242])], &replicas, &fleet);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(
+            problems[0].starts_with("port 10380 on 0.0.0.0 (proxy hflt) is already in use"),
+            "{problems:?}"
+        );
     }
 
     #[test]

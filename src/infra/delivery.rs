@@ -22,8 +22,8 @@
 //! **Make before break.** Replicas reload each subscription on its own, so renaming a new
 //! route file and `cds.yaml` one after the other (or swapping them together) can leave a route
 //! naming a cluster a replica does not have yet, for a moment: requests get a 503. [`update`]
-//! therefore goes in stages, each confirmed by every replica before the next: new and changed
-//! secrets and other files; clusters as the union of old and new; the new and changed route
+//! therefore goes in stages, each confirmed by every replica before the next: (on a Swarm) the
+//! certificate copies the secrets name; new and changed secrets and other files; clusters as the union of old and new; the new and changed route
 //! configurations (one file each: `rds-<listener>.yaml`); the new listeners; the route
 //! configurations no longer named; the new clusters; then the other files no longer wanted go.
 //! At every moment each replica's listeners name route
@@ -243,9 +243,18 @@ pub fn stages(from: &BTreeMap<String, String>, to: &BTreeMap<String, String>) ->
             remove,
         });
     };
+    // A Swarm task's certificate copies (`tls/<owner>/<file>`, see
+    // [`crate::core::agent::channel::TLS_PREFIX`]) go first: the secrets name them.
+    let tls = |n: &str| n.starts_with(crate::core::agent::channel::TLS_PREFIX);
+    let copies: BTreeMap<String, String> = to
+        .iter()
+        .filter(|(n, _)| tls(n))
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    step("certificate files", copies, Vec::new());
     let others: BTreeMap<String, String> = to
         .iter()
-        .filter(|(n, _)| !xds(n))
+        .filter(|(n, _)| !xds(n) && !tls(n))
         .map(|(n, c)| (n.clone(), c.clone()))
         .collect();
     step("secrets and other files", others, Vec::new());
@@ -940,6 +949,41 @@ mod tests {
         assert_eq!(disk, to);
         // No change, no stage; only additions: one stage per file, final content at once.
         assert!(super::stages(&to, &to).is_empty());
+    }
+
+    /// A rotated certificate on a Swarm: the new copies before the secret that names them,
+    /// the old copies only after it switched.
+    #[test]
+    fn certificate_copies_come_before_their_secret_and_go_after_it() {
+        let set = |v: &str| {
+            BTreeMap::from([
+                (
+                    "sds-web.yaml".to_string(),
+                    format!("resources:\n- name: web\n  cert: /etc/berth/tls/web/cert-{v}.pem\n"),
+                ),
+                (format!("tls/web/cert-{v}.pem"), format!("cert {v}")),
+                (format!("tls/web/key-{v}.pem"), format!("key {v}")),
+            ])
+        };
+        let (from, to) = (set("a"), set("b"));
+        let stages = stages(&from, &to);
+        let what: Vec<&str> = stages.iter().map(|s| s.what).collect();
+        assert_eq!(
+            what,
+            [
+                "certificate files",
+                "secrets and other files",
+                "files no longer used"
+            ]
+        );
+        assert_eq!(
+            stages[0].write.keys().collect::<Vec<_>>(),
+            ["tls/web/cert-b.pem", "tls/web/key-b.pem"]
+        );
+        assert_eq!(
+            stages[2].remove,
+            ["tls/web/cert-a.pem", "tls/web/key-a.pem"]
+        );
     }
 
     /// Each route configuration has its own file: a new listener's file comes before the

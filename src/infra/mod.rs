@@ -264,6 +264,17 @@ pub struct HostPreparation {
     pub degraded: Vec<(String, String)>,
 }
 
+/// One look at one replica for the liveness judge ([`crate::core::liveness`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReplicaLook {
+    pub proxy: String,
+    /// The container's id (what [`Infrastructure::kill`] takes).
+    pub container: String,
+    /// The container's name.
+    pub name: String,
+    pub probe: crate::core::liveness::Probe,
+}
+
 /// A change on the infrastructure someone else made (a container died, was removed, was
 /// updated): the proxy it belongs to should be looked at.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -341,4 +352,21 @@ pub trait Infrastructure: Send + Sync {
 
     /// Changes to this berth's replicas made by others, from now on.
     fn changes(&self) -> Changes;
+
+    /// One look at every running or paused replica of `proxies` for the liveness judge: its
+    /// admin `/ready` asked (an answer later than
+    /// [`crate::core::liveness::PROBE_TIMEOUT`] counts as none), whether the engine froze it,
+    /// whether its Envoy is stopped by a signal, the CPU its container has used. Empty where
+    /// this infrastructure cannot look (a Swarm: each task's agent watches its own Envoy).
+    async fn look(&self, proxies: &BTreeSet<String>) -> Result<Vec<ReplicaLook>, ConvergeError> {
+        let _ = proxies;
+        Ok(Vec::new())
+    }
+
+    /// Kills one replica at once (SIGKILL, also when paused): its sockets close, which is what
+    /// takes it out of its port; the next reconcile pass replaces it.
+    async fn kill(&self, container: &str) -> Result<(), ConvergeError> {
+        let _ = container;
+        Ok(())
+    }
 }

@@ -123,7 +123,7 @@ impl StateDir {
         Ok(changed)
     }
 
-    /// Copies a checked listener certificate into `tls/<listener>/` under names carrying its
+    /// Copies a checked listener certificate into `tls/<dir>/` under names carrying its
     /// version (the key readable only by the replica user). Other versions are removed unless
     /// `keep` names them (the ones the watched files on disk still point at). Returns the files
     /// written.
@@ -133,7 +133,7 @@ impl StateDir {
         cert: &crate::core::certificates::Certificate,
         keep: &dyn Fn(&str) -> bool,
     ) -> Result<Vec<String>> {
-        let dir = self.proxy(proxy).tls(&cert.secret);
+        let dir = self.proxy(proxy).tls(&cert.dir);
         create_dir(&dir, 0o755)?;
         let (cert_name, key_name) = (cert.cert_name(), cert.key_name());
         for entry in fs::read_dir(&dir)? {
@@ -159,7 +159,7 @@ impl StateDir {
             let user = crate::core::replica::replica_user();
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
-            changed.push(format!("{}/{name}", cert.secret));
+            changed.push(format!("{}/{name}", cert.dir));
         }
         Ok(changed)
     }
@@ -195,6 +195,79 @@ impl StateDir {
             std::os::unix::fs::chown(&path, Some(user.uid), Some(user.gid))
                 .with_context(|| format!("cannot hand {} to uid {}", path.display(), user.uid))?;
             changed.push(format!("{owner}/{name}"));
+        }
+        Ok(changed)
+    }
+
+    /// On a Swarm, the live set its tasks were last given: the watched files and the
+    /// certificate copies (`tls/<owner>/<file>`, see
+    /// [`crate::core::agent::channel::TLS_PREFIX`]).
+    pub fn read_live(&self, proxy: &str) -> Result<BTreeMap<String, String>> {
+        let mut files = self.read_xds(proxy)?;
+        let dir = self.proxy(proxy).live_tls();
+        let Ok(owners) = fs::read_dir(&dir) else {
+            return Ok(files);
+        };
+        for owner in owners {
+            let owner = owner?;
+            if !owner.file_type()?.is_dir() {
+                continue;
+            }
+            let name = owner.file_name().to_string_lossy().into_owned();
+            for entry in fs::read_dir(owner.path())? {
+                let entry = entry?;
+                let file = entry.file_name().to_string_lossy().into_owned();
+                if !file.starts_with('.') && entry.file_type()?.is_file() {
+                    files.insert(
+                        format!("{}{name}/{file}", crate::core::agent::channel::TLS_PREFIX),
+                        fs::read_to_string(entry.path())?,
+                    );
+                }
+            }
+        }
+        Ok(files)
+    }
+
+    /// Records the live set of a Swarm proxy ([`StateDir::read_live`]): the watched files as
+    /// [`StateDir::write_xds`] does, the certificate copies under `live-tls/` (0600; others
+    /// removed). Returns the names that changed.
+    pub fn write_live(&self, proxy: &str, files: &BTreeMap<String, String>) -> Result<Vec<String>> {
+        let prefix = crate::core::agent::channel::TLS_PREFIX;
+        let (copies, watched): (BTreeMap<String, String>, BTreeMap<String, String>) = files
+            .iter()
+            .map(|(n, c)| (n.clone(), c.clone()))
+            .partition(|(n, _)| n.starts_with(prefix));
+        let mut changed = self.write_xds(proxy, &watched)?;
+        let dir = self.proxy(proxy).live_tls();
+        let before = self.read_live(proxy)?;
+        for (name, text) in &copies {
+            let rest = &name[prefix.len()..];
+            let Some((owner, file)) = rest.split_once('/') else {
+                anyhow::bail!("not a certificate copy's name: {name:?}");
+            };
+            if [owner, file]
+                .iter()
+                .any(|p| p.is_empty() || p.starts_with('.') || p.contains('/'))
+            {
+                anyhow::bail!("not a certificate copy's name: {name:?}");
+            }
+            if before.get(name) == Some(text) {
+                continue;
+            }
+            create_dir(&dir, 0o700)?;
+            create_dir(&dir.join(owner), 0o700)?;
+            write_atomic(&dir.join(owner).join(file), text.as_bytes(), 0o600)?;
+            changed.push(name.clone());
+        }
+        for name in before.keys().filter(|n| n.starts_with(prefix)) {
+            if !copies.contains_key(name) {
+                let rest = &name[prefix.len()..];
+                let _ = fs::remove_file(dir.join(rest));
+                if let Some((owner, _)) = rest.split_once('/') {
+                    let _ = fs::remove_dir(dir.join(owner));
+                }
+                changed.push(name.clone());
+            }
         }
         Ok(changed)
     }

@@ -161,6 +161,20 @@ impl Load {
         Load::start_tls_named(port, path, connections, max_time, "localhost")
     }
 
+    /// [`Load::start_tls`] to `addr` (an address of a namespace the test made).
+    pub fn start_tls_to(
+        addr: SocketAddr,
+        path: &str,
+        connections: usize,
+        max_time: Duration,
+    ) -> Load {
+        let tls = Some(Tls {
+            connector: super::tls::connector(),
+            name: "localhost".to_string(),
+        });
+        Load::spawn(addr, path, connections, max_time, Mode::KeepAlive, tls)
+    }
+
     /// Like [`Load::start_tls`] with `name` as SNI and Host header.
     pub fn start_tls_named(
         port: u16,

@@ -191,3 +191,70 @@ impl Drop for Pebble {
         }
     }
 }
+
+/// The `tls.acme` table of a listener certified by `pebble`: `domains`, a contact, pebble's
+/// directory and CA, then `extra` (`challenge`, `dns`, …).
+pub fn acme_table(pebble: &Pebble, domains: &[&str], extra: &[(&str, toml::Value)]) -> toml::Value {
+    let mut t = toml::Table::new();
+    t.insert("domains".into(), domains.to_vec().into());
+    t.insert("email".into(), "ops@berth.test".into());
+    t.insert("directory".into(), pebble.directory().into());
+    t.insert("ca_file".into(), pebble.ca().display().to_string().into());
+    for (k, v) in extra {
+        t.insert(k.to_string(), v.clone());
+    }
+    toml::Value::Table(t)
+}
+
+/// The status.json berth keeps for the ACME listener `https` of the test proxy.
+pub fn listener_status(fleet: &super::fleet::Fleet) -> serde_json::Value {
+    let path = fleet
+        .state()
+        .join("acme")
+        .join(super::fleet::PROXY)
+        .join("https")
+        .join("status.json");
+    serde_json::from_slice(&std::fs::read(path).expect("status.json")).unwrap()
+}
+
+/// The ACME listener `https`'s certificate as serve's /status shows it.
+pub fn serve_status(serve: &super::serve::Serve) -> serde_json::Value {
+    serve.proxy(super::fleet::PROXY)["certificates"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["listener"] == "https"))
+        .map(|c| c["acme"].clone())
+        .unwrap_or_default()
+}
+
+/// Until 16 new connections in a row with SNI `name` are served one serial issued by pebble
+/// other than `not` (so every replica serves it); that serial. `berth up` returns once every
+/// replica confirmed it, so this is at once (the bound only ends a hang).
+pub async fn wait_issued(port: u16, name: &str, not: &str) -> String {
+    let start = Instant::now();
+    loop {
+        let (serial, issuer) = super::tls::served_by_name(port, name).await.unwrap();
+        let all = super::tls::served_serials_for(port, name, 16).await;
+        if issuer.contains("Pebble") && serial != not && all == [serial.clone()] {
+            eprintln!(
+                "{serial} from pebble served by every replica {:?} after berth up returned",
+                start.elapsed()
+            );
+            return serial;
+        }
+        assert!(
+            start.elapsed() < super::EVENTUALLY,
+            "not served by every replica: {serial} from {issuer}; {all:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The 1-minute load average, for the figures a test prints.
+pub fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .unwrap_or_default()
+        .split(' ')
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}

@@ -72,7 +72,12 @@ pub async fn served_serial(port: u16) -> Result<String, String> {
 
 /// [`served_serial`] with `name` as SNI.
 pub async fn served_serial_for(port: u16, name: &str) -> Result<String, String> {
-    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    served_serial_at(([127, 0, 0, 1], port).into(), name).await
+}
+
+/// [`served_serial_for`] at `addr` (an address of a namespace the test made).
+pub async fn served_serial_at(addr: std::net::SocketAddr, name: &str) -> Result<String, String> {
+    let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let tls = tokio::time::timeout(

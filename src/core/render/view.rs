@@ -440,8 +440,8 @@ fn standalone(
             let view = TlsView {
                 secret: c.secret.clone(),
                 sds: format!("{}/{file}", layout::CONTAINER_XDS_DIR),
-                cert: layout::container_tls_file(&c.secret, &cert),
-                key: layout::container_tls_file(&c.secret, &key),
+                cert: layout::container_tls_file(&c.dir, &cert),
+                key: layout::container_tls_file(&c.dir, &key),
             };
             ctx.secrets.push(SecretView {
                 file,
@@ -457,7 +457,11 @@ fn standalone(
                 });
             }
         }
-        super::alpn::ordinary_chains(&mut sni_chains, tls.as_ref());
+        let proved: &[String] = match &r.acme {
+            Some(a) if a.challenge == ir::AcmeChallenge::TlsAlpn01 => &a.domains,
+            _ => &[],
+        };
+        super::alpn::ordinary_chains(&mut sni_chains, tls.as_ref(), proved);
         let address = l.bind_address();
         let access_log = match r.access_log {
             ir::AccessLog::Off => None,

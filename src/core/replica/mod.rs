@@ -280,8 +280,8 @@ pub fn tls_files(proxy: &ir::ProxyInfra) -> Vec<TlsFile> {
             .flat_map(|l| l.certificates())
             .flat_map(|c| {
                 [
-                    file(&c.secret, "cert.pem", &c.files.cert_file),
-                    file(&c.secret, "key.pem", &c.files.key_file),
+                    file(&c.dir, "cert.pem", &c.files.cert_file),
+                    file(&c.dir, "key.pem", &c.files.key_file),
                 ]
             })
             .collect(),

@@ -40,6 +40,9 @@ pub struct ChannelSettings {
     pub watched: PathBuf,
     pub baseline: PathBuf,
     pub credentials: PathBuf,
+    /// Where the certificate copies go (`tls/…` files of the live set); None: the task's
+    /// service carries none.
+    pub tls: Option<PathBuf>,
     pub admin_socket: PathBuf,
 }
 
@@ -62,14 +65,22 @@ impl ChannelSettings {
             watched: need(ENV_WATCHED)?.into(),
             baseline: need(ENV_BASELINE)?.into(),
             credentials: need(ENV_CREDENTIALS)?.into(),
+            tls: var(ENV_TLS).map(PathBuf::from),
             admin_socket,
         }))
     }
 }
 
-/// Copies the baseline (the files the service spec carries) into the empty watched directory:
-/// what Envoy serves until the manager says otherwise.
+/// Copies the baseline (the files the service spec carries) into the empty watched directory,
+/// and its certificate copies (`<baseline>/tls/<owner>/<file>`) into the TLS directory: what
+/// Envoy serves until the manager says otherwise.
 pub fn seed_watched(settings: &ChannelSettings) -> Result<()> {
+    if let Some(tls) = &settings.tls {
+        if read_tls(tls)?.is_empty() {
+            let copies = read_tls(&settings.baseline.join("tls"))?;
+            write_tls(tls, &copies)?;
+        }
+    }
     let mut have = read_files(&settings.watched)?;
     if !have.is_empty() {
         return Ok(());
@@ -81,6 +92,62 @@ pub fn seed_watched(settings: &ChannelSettings) -> Result<()> {
         remove: Vec::new(),
     };
     delivery::write_stage(&settings.watched, &stage).map(|_| ())
+}
+
+/// The certificate copies under a TLS directory, as the live set names them
+/// (`tls/<owner>/<file>`).
+fn read_tls(dir: &std::path::Path) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    let owners = match std::fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(e).with_context(|| format!("cannot read {}", dir.display())),
+    };
+    for owner in owners {
+        let owner = owner?;
+        if !owner.path().is_dir() {
+            continue;
+        }
+        let name = owner.file_name().to_string_lossy().into_owned();
+        for (file, text) in read_files(&owner.path())? {
+            out.insert(format!("{TLS_PREFIX}{name}/{file}"), text);
+        }
+    }
+    Ok(out)
+}
+
+/// Writes certificate copies (`tls/<owner>/<file>` → text) into the TLS directory, each by an
+/// atomic rename; keys readable by this user only.
+fn write_tls(dir: &std::path::Path, copies: &BTreeMap<String, String>) -> Result<()> {
+    for (name, text) in copies {
+        let path = tls_path(dir, name)?;
+        if let Some(parent) = path.parent() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .create(parent)
+                .with_context(|| format!("cannot create {}", parent.display()))?;
+        }
+        let file = path.file_name().map(|f| f.to_string_lossy().into_owned());
+        let mode = if file.is_some_and(|f| f.starts_with("key")) {
+            0o400
+        } else {
+            0o444
+        };
+        crate::state::write_atomic(&path, text.as_bytes(), mode)?;
+    }
+    Ok(())
+}
+
+/// Where a `tls/<owner>/<file>` name lives under the TLS directory; anything else (another
+/// depth, `..`) is refused.
+fn tls_path(dir: &std::path::Path, name: &str) -> Result<PathBuf> {
+    let rest = name.strip_prefix(TLS_PREFIX).unwrap_or(name);
+    let parts: Vec<&str> = rest.split('/').collect();
+    let plain = |p: &str| !p.is_empty() && p != "." && p != ".." && !p.starts_with('.');
+    match parts.as_slice() {
+        [owner, file] if plain(owner) && plain(file) => Ok(dir.join(owner).join(file)),
+        _ => anyhow::bail!("not a certificate copy's name: {name:?}"),
+    }
 }
 
 /// The watched files (the names Envoy reads) and their text.
@@ -163,7 +230,10 @@ async fn session(
         .context("cannot connect")?;
     let mut client = wire::agent_channel_client::AgentChannelClient::new(channel);
     let (tx, rx) = mpsc::channel::<wire::AgentMessage>(16);
-    let files = read_files(&settings.watched)?;
+    let mut files = read_files(&settings.watched)?;
+    if let Some(tls) = &settings.tls {
+        files.extend(read_tls(tls)?);
+    }
     let (rss_bytes, cpu_seconds) = own_cost();
     let starting = !*envoy_up.borrow();
     tx.send(wire::AgentMessage {
@@ -210,54 +280,27 @@ async fn session(
     Ok(())
 }
 
-/// One stage: renamed into the watched directory, confirmed by this task's Envoy when it runs.
+/// One stage: certificate copies written into the TLS directory first, the watched files
+/// renamed into the watched directory and confirmed by this task's Envoy when it runs, copies
+/// no longer used removed last; then, when the stage names serials, until Envoy serves them.
 async fn apply(
     settings: &ChannelSettings,
     admin: &Arc<dyn crate::envoy::admin::AdminApi>,
     stage: &wire::Stage,
     envoy_up: bool,
 ) -> wire::StageResult {
-    let local = delivery::Stage {
-        what: "stage",
-        write: stage.write.clone().into_iter().collect(),
-        remove: stage.remove.clone(),
-    };
     let timeout = Duration::from_millis(u64::from(stage.timeout_ms.max(1)));
     let started = tokio::time::Instant::now();
-    let verdict = |ack: Ack| match ack {
-        Ack::Confirmed { millis } => (Verdict::Confirmed, String::new(), millis),
-        Ack::Rejected { detail } => (Verdict::Rejected, detail, 0),
-        Ack::NoAnswer { detail } => (Verdict::NoAnswer, detail, 0),
+    let (v, detail, millis) = match apply_stage(settings, admin, stage, envoy_up, timeout).await {
+        Ok(Ack::Confirmed { millis }) => (Verdict::Confirmed, String::new(), millis),
+        Ok(Ack::Rejected { detail }) => (Verdict::Rejected, detail, 0),
+        Ok(Ack::NoAnswer { detail }) => (Verdict::NoAnswer, detail, 0),
+        Err(e) => (Verdict::NoAnswer, format!("{e:#}"), 0),
     };
-    let (v, detail, millis) = if !envoy_up {
-        match delivery::write_stage(&settings.watched, &local) {
-            Ok(_) => (Verdict::Confirmed, String::new(), 0),
-            Err(e) => (Verdict::NoAnswer, format!("{e:#}"), 0),
-        }
+    let millis = if v == Verdict::Confirmed && millis == 0 {
+        started.elapsed().as_millis() as u64
     } else {
-        let me = [Replica {
-            name: settings.task.clone(),
-            admin: admin.clone(),
-        }];
-        match delivery::apply(&settings.watched, &local, &me, timeout).await {
-            Ok(mut acks) if stage.serials.is_empty() => verdict(
-                acks.remove(&settings.task)
-                    .unwrap_or(Ack::Confirmed { millis: 0 }),
-            ),
-            Ok(_) => {
-                let mut served =
-                    delivery::certificates_served(&me, &stage.serials, started, timeout).await;
-                verdict(served.remove(&settings.task).unwrap_or(Ack::NoAnswer {
-                    detail: "no verdict".into(),
-                }))
-            }
-            Err(delivery::StageError::Unconfirmed(mut acks)) => {
-                verdict(acks.remove(&settings.task).unwrap_or(Ack::NoAnswer {
-                    detail: "no verdict".into(),
-                }))
-            }
-            Err(delivery::StageError::Io(e)) => (Verdict::NoAnswer, format!("{e:#}"), 0),
-        }
+        millis
     };
     if v != Verdict::Confirmed {
         say(&format!("{}: {}: {detail}", stage.what, v.as_str_name()));
@@ -268,6 +311,86 @@ async fn apply(
         detail,
         millis,
     }
+}
+
+async fn apply_stage(
+    settings: &ChannelSettings,
+    admin: &Arc<dyn crate::envoy::admin::AdminApi>,
+    stage: &wire::Stage,
+    envoy_up: bool,
+    timeout: Duration,
+) -> Result<Ack> {
+    let is_tls = |n: &String| n.starts_with(TLS_PREFIX);
+    let (copies, write): (BTreeMap<String, String>, BTreeMap<String, String>) = stage
+        .write
+        .clone()
+        .into_iter()
+        .partition(|(n, _)| is_tls(n));
+    let (unused, remove): (Vec<String>, Vec<String>) =
+        stage.remove.iter().cloned().partition(is_tls);
+    let tls = || {
+        settings
+            .tls
+            .as_deref()
+            .context("certificate copies, and this task has no TLS directory (BERTH_AGENT_TLS_DIR)")
+    };
+    if !copies.is_empty() {
+        write_tls(tls()?, &copies)?;
+    }
+    let local = delivery::Stage {
+        what: "stage",
+        write,
+        remove,
+    };
+    let me = [Replica {
+        name: settings.task.clone(),
+        admin: admin.clone(),
+    }];
+    let started = tokio::time::Instant::now();
+    let log = super::envoy_log::mark();
+    let mut ack = Ack::Confirmed { millis: 0 };
+    if !local.write.is_empty() || !local.remove.is_empty() {
+        if !envoy_up {
+            delivery::write_stage(&settings.watched, &local)?;
+        } else {
+            ack = match delivery::apply(&settings.watched, &local, &me, timeout).await {
+                Ok(mut acks) => acks
+                    .remove(&settings.task)
+                    .unwrap_or(Ack::Confirmed { millis: 0 }),
+                Err(delivery::StageError::Unconfirmed(mut acks)) => {
+                    acks.remove(&settings.task).unwrap_or(Ack::NoAnswer {
+                        detail: "no verdict".into(),
+                    })
+                }
+                Err(delivery::StageError::Io(e)) => return Err(e),
+            };
+        }
+    }
+    if let Ack::Rejected { detail } = &ack {
+        // Envoy logs its reason as it refuses; the pipe may still hold it.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        if let Some(why) = super::envoy_log::why_since(log) {
+            ack = Ack::Rejected {
+                detail: format!("{detail}; Envoy: {why}"),
+            };
+        }
+    }
+    if !matches!(ack, Ack::Confirmed { .. }) {
+        return Ok(ack);
+    }
+    if !unused.is_empty() {
+        let dir = tls()?;
+        for name in &unused {
+            let _ = std::fs::remove_file(tls_path(dir, name)?);
+        }
+    }
+    if envoy_up && !stage.serials.is_empty() {
+        let mut served = delivery::certificates_served(&me, &stage.serials, started, timeout).await;
+        ack = served.remove(&settings.task).unwrap_or(Ack::NoAnswer {
+            detail: "no verdict".into(),
+        });
+    }
+    Ok(ack)
 }
 
 /// The agent's resident memory (bytes) and CPU time so far (seconds), from /proc.

@@ -13,6 +13,7 @@
 //! overriding, so the image's HEALTHCHECK needs no arguments.
 
 pub mod channel;
+pub mod envoy_log;
 pub mod health;
 pub mod run;
 pub mod settings;

@@ -1,6 +1,7 @@
 //! `berth agent run -- <envoy argv…>`: the replica's entrypoint. Envoy runs as the agent's
 //! child (its own process group, so a terminal's Ctrl-C reaches only the agent), with stdout
-//! and stderr inherited.
+//! inherited and stderr too, or (with the agent channel) passed through the agent line by line
+//! ([`super::envoy_log`]).
 //!
 //! - Envoy exits on its own: the agent exits with its code (128 + N when signal N killed it).
 //! - SIGTERM or SIGINT (`docker stop`, Swarm retiring a task): the agent drains Envoy with the
@@ -41,6 +42,7 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
     // With the agent channel: the watched files come from the manager (the baseline the
     // service spec carries until it answers), and Envoy starts once they are current.
     let (envoy_up, envoy_up_rx) = tokio::sync::watch::channel(false);
+    let mut live = false;
     if let Some(channel) = super::channel::ChannelSettings::from_env(settings.admin_socket.clone())?
     {
         super::channel::seed_watched(&channel)?;
@@ -48,12 +50,21 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
         tokio::spawn(super::channel::keep(channel, synced, envoy_up_rx));
         let _ =
             tokio::time::timeout(super::channel::STARTUP_SYNC, synced_rx.wait_for(|s| *s)).await;
+        live = true;
     }
-    let mut child = Command::new(program)
-        .args(args)
-        .process_group(0)
+    let mut command = Command::new(program);
+    command.args(args).process_group(0);
+    if live {
+        // Through the agent, which keeps its recent lines for the manager (Envoy's reason
+        // when it refuses a stage).
+        command.stderr(std::process::Stdio::piped());
+    }
+    let mut child = command
         .spawn()
         .with_context(|| format!("cannot start Envoy ({program})"))?;
+    if let Some(stderr) = child.stderr.take() {
+        tokio::spawn(super::envoy_log::tee(stderr));
+    }
     let pid = child
         .id()
         .context("Envoy exited before it could be watched")? as i32;

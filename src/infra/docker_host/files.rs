@@ -106,9 +106,17 @@ impl Run<'_> {
                 .write_tls(name, &replica::tls_files(&target.proxy))?,
             crate::core::ir::Routing::Standalone(_) => {
                 // Keep the copies the watched files on disk name: replicas serve them until
-                // the new secrets are delivered (or come back when they are refused).
+                // the new secrets are delivered (or come back when they are refused). Keep the
+                // target's own too: TLS-ALPN-01 challenge certificates share their listener's
+                // directory.
                 let on_disk = self.state.read_xds(name)?;
-                let keep = |file: &str| on_disk.values().any(|text| text.contains(file));
+                let keep = |file: &str| {
+                    on_disk.values().any(|text| text.contains(file))
+                        || target
+                            .certificates
+                            .iter()
+                            .any(|c| c.cert_name() == file || c.key_name() == file)
+                };
                 let mut written = Vec::new();
                 for cert in &target.certificates {
                     written.extend(self.state.write_certificate(name, cert, &keep)?);

@@ -48,7 +48,7 @@ use crate::core::replica::{LABEL_MANAGED_BY, LABEL_PROXY, MANAGED_BY_VALUE};
 use crate::core::target::Target;
 use crate::engine::{ContainerEngine, LabelFilter, ObservedContainer};
 use crate::envoy::admin::AdminConnector;
-use crate::infra::ReplicaStatus;
+use crate::infra::{ReplicaLook, ReplicaStatus};
 use crate::state::StateDir;
 
 /// Time Envoy gets to exit after SIGTERM when it could not be drained.
@@ -387,6 +387,16 @@ impl Infrastructure for DockerHost {
             .await;
         scraped.sort_by(|a, b| (&a.0, &a.1).cmp(&(&b.0, &b.1)));
         scraped
+    }
+
+    async fn look(&self, proxies: &BTreeSet<String>) -> Result<Vec<ReplicaLook>, ConvergeError> {
+        self.look_at(proxies).await
+    }
+
+    async fn kill(&self, container: &str) -> Result<(), ConvergeError> {
+        self.engine.kill(container).await?;
+        self.forget_observation();
+        Ok(())
     }
 
     fn changes(&self) -> Changes {

@@ -375,3 +375,57 @@ impl DockerHost {
         rows
     }
 }
+
+impl DockerHost {
+    /// [`crate::infra::Infrastructure::look`]: one list of this berth's containers, then every
+    /// running or paused replica of `proxies` at once: `/ready` over its admin socket (none for
+    /// a paused one: it cannot answer), its process's state and its cgroup's CPU from /proc.
+    pub(crate) async fn look_at(
+        &self,
+        proxies: &std::collections::BTreeSet<String>,
+    ) -> Result<Vec<crate::infra::ReplicaLook>, ConvergeError> {
+        use crate::core::liveness::{Probe, PROBE_TIMEOUT};
+        use futures_util::StreamExt;
+        let observed = self.observe_all().await?;
+        let watched: Vec<ObservedContainer> = observed
+            .iter()
+            .filter(|c| c.proxy().is_some_and(|p| proxies.contains(p)))
+            .filter(|c| matches!(c.state, RunState::Running | RunState::Paused))
+            .cloned()
+            .collect();
+        let looks = futures_util::stream::iter(watched.into_iter().map(|c| async move {
+            let proxy = c.proxy().unwrap_or_default().to_string();
+            let paused = c.state == RunState::Paused;
+            let answered = !paused && {
+                let run = c.recorded_name().unwrap_or(&c.name);
+                let admin = self.admin(&proxy, run, PROBE_TIMEOUT);
+                matches!(
+                    tokio::time::timeout(PROBE_TIMEOUT, admin.ready()).await,
+                    Ok(Ok(_))
+                )
+            };
+            let (stopped_by_signal, cpu) = match c.info.pid {
+                Some(pid) => (
+                    crate::host::process::stopped_by_signal(pid),
+                    crate::host::process::cpu_time(pid),
+                ),
+                None => (false, None),
+            };
+            crate::infra::ReplicaLook {
+                proxy,
+                container: c.id.clone(),
+                name: c.name.clone(),
+                probe: Probe {
+                    answered,
+                    paused,
+                    stopped_by_signal,
+                    cpu,
+                },
+            }
+        }))
+        .buffer_unordered(64)
+        .collect::<Vec<_>>()
+        .await;
+        Ok(looks)
+    }
+}

@@ -44,17 +44,29 @@ impl DockerHost {
             Ok((pids, read)) => (Some(pids), Some(read)),
             Err(_) => (None, None),
         };
-        let fleet_pids: BTreeSet<u32> = observed?.iter().filter_map(|c| c.info.pid).collect();
+        let observed = observed?;
+        let fleet_pids: BTreeSet<u32> = observed.iter().filter_map(|c| c.info.pid).collect();
+        // Every container of the fleet, whatever its state: a paused, restarting or stopped
+        // replica still holds its sockets, and the engine reports no pid for it.
+        let fleet_ids: BTreeSet<&str> = observed.iter().map(|c| c.id.as_str()).collect();
+        let is_fleet = |pid: u32| {
+            self.engine
+                .container_of_process(pid)
+                .is_some_and(|id| fleet_ids.contains(id.as_str()))
+        };
         tracing::debug!(target: "berth::phase", "containers observed");
         // When nothing but the replicas runs as their user, the sockets of that user on the
         // fleet's ports are the replicas' (no descriptor needs reading to tell).
         let fleet_uid = match &user_processes {
-            Some(pids) if !pids.is_empty() && pids.iter().all(|p| fleet_pids.contains(p)) => {
+            Some(pids)
+                if !pids.is_empty()
+                    && pids.iter().all(|p| fleet_pids.contains(p) || is_fleet(*p)) =>
+            {
                 Some(uid)
             }
             _ => None,
         };
-        preflight::check_ports(&infra, &fleet_pids, fleet_uid)
+        preflight::check_ports(&infra, &fleet_pids, fleet_uid, &is_fleet)
             .map_err(|e| refuse(format!("{e:#}")))?;
         tracing::debug!(target: "berth::phase", "listener ports checked");
         let mut settings = crate::host::Settings::for_host(policy.tune, fleet_pids);

@@ -54,6 +54,11 @@ fn world() -> World {
 /// A proxy of `replicas` replicas of `image`, run as this process's user (so the run
 /// directories need no root).
 fn target(w: &World, image: &str, replicas: u32, on_failure: &str) -> Target {
+    target_on(w, image, replicas, on_failure, PORT)
+}
+
+/// [`target`] on another port than [`PORT`].
+fn target_on(w: &World, image: &str, replicas: u32, on_failure: &str, port: u16) -> Target {
     let text = format!(
         r#"
 [[proxy]]
@@ -68,7 +73,7 @@ on_failure = "{on_failure}"
 drain_timeout = "5s"
 [[proxy.listener]]
 name = "web"
-port = {PORT}
+port = {port}
 [[proxy.listener.route]]
 path_prefix = "/"
 direct_response = {{ status = 200 }}
@@ -684,4 +689,77 @@ async fn early_answers_do_not_outlive_a_change_berth_makes() {
     assert_eq!(c.actions.replace + c.actions.create, 2, "{:?}", c.actions);
     assert!(c.readiness.all_ready(), "{}", c.readiness);
     assert!(host.ahead.as_ref().unwrap().is_empty());
+}
+
+/// Preflight attributes a socket on the proxy's port by the container its process runs in:
+/// a paused replica (for which the engine reports no pid) is the fleet's own, never "another
+/// process holding the port", and never stops its proxy from being reconciled.
+#[tokio::test(start_paused = true)]
+async fn a_port_held_by_the_fleets_own_paused_replica_is_not_a_strangers() {
+    let listener = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let w = world();
+    w.engine.add_image(OLD, Behavior::healthy(&[port]));
+    let t = target_on(&w, OLD, 2, "rollback", port);
+    converge(&w, &t).await.unwrap();
+    let paused = w.engine.containers()[0].id.clone();
+    w.engine.pause(&paused);
+    let policy = crate::core::policy::HostPolicy {
+        tune: false,
+        force_memory: false,
+    };
+    // This process's socket stands for the paused replica's Envoy: a stranger's until the
+    // engine says which container the process is in.
+    let refused = w.host.prepare(std::slice::from_ref(&t), policy).await;
+    let Err(ConvergeError::Host { problem }) = refused else {
+        panic!("a stranger on the port was not refused: {refused:?}");
+    };
+    assert!(problem.contains("already in use"), "{problem}");
+    w.engine.place_process(std::process::id(), &paused);
+    w.host
+        .prepare(std::slice::from_ref(&t), policy)
+        .await
+        .expect("the fleet's own paused replica holds the port");
+    // And the rest of the proxy converges: the paused replica is replaced.
+    let done = converge(&w, &t).await.unwrap();
+    assert!(done.readiness.all_ready(), "{done:?}");
+    assert!(
+        w.engine.containers().iter().all(|c| c.id != paused),
+        "{:?}",
+        w.engine.history()
+    );
+    drop(listener);
+}
+
+/// The liveness look: each running or paused replica's `/ready` asked (none for a paused one),
+/// the engine's pause seen; a kill takes the replica down at once.
+#[tokio::test(start_paused = true)]
+async fn a_look_sees_a_paused_replica_and_a_kill_takes_it_down() {
+    let w = world();
+    let t = target(&w, OLD, 2, "rollback");
+    converge(&w, &t).await.unwrap();
+    let paused = w.engine.containers()[0].id.clone();
+    w.engine.pause(&paused);
+    let proxies = std::collections::BTreeSet::from(["edge".to_string()]);
+    let looks = w.host.look(&proxies).await.unwrap();
+    assert_eq!(looks.len(), 2, "{looks:?}");
+    for l in &looks {
+        assert_eq!(l.proxy, "edge");
+        assert_eq!(l.probe.paused, l.container == paused, "{l:?}");
+        assert_eq!(l.probe.answered, l.container != paused, "{l:?}");
+    }
+    assert!(w.host.look(&Default::default()).await.unwrap().is_empty());
+    w.host.kill(&paused).await.unwrap();
+    let seen = w.engine.containers();
+    let killed = seen.iter().find(|c| c.id == paused).unwrap();
+    assert_eq!(killed.state, RunState::Exited);
+    assert!(
+        w.engine.history().iter().any(|h| h.starts_with("sigkill ")),
+        "{:?}",
+        w.engine.history()
+    );
+    // Killed, it is not looked at any more; the next converge starts it again.
+    assert_eq!(w.host.look(&proxies).await.unwrap().len(), 1);
+    converge(&w, &t).await.unwrap();
+    assert_eq!(w.host.look(&proxies).await.unwrap().len(), 2);
 }

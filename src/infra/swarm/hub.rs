@@ -198,7 +198,7 @@ impl Hub {
 
     /// The state directory's current files of a proxy: what attaching agents are brought to.
     pub fn current(&self, proxy: &str) -> BTreeMap<String, String> {
-        self.state.read_xds(proxy).unwrap_or_default()
+        self.state.read_live(proxy).unwrap_or_default()
     }
 
     /// Brings every attached agent of `proxy` whose files are not `files` up to them (agents
@@ -368,7 +368,7 @@ impl wire::agent_channel_server::AgentChannel for Service {
         let shared = self.shared.clone();
         let state = self.state.clone();
         tokio::spawn(async move {
-            let files = state.read_xds(&proxy).unwrap_or_default();
+            let files = state.read_live(&proxy).unwrap_or_default();
             if !files.is_empty() {
                 let ack =
                     bring_up(&shared, &agent, &files, delivery::DEFAULT_CONFIRM_TIMEOUT).await;

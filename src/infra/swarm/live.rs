@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use tokio::time::Instant;
 
 use super::hub::Hub;
+use crate::core::agent::channel::TLS_PREFIX;
 use crate::core::progress::Event;
 use crate::infra::delivery::{self, Ack, LiveOutcome, LiveRejected};
 use crate::infra::{ConvergeError, Delivery};
@@ -158,9 +159,9 @@ async fn restore(
     }
 }
 
-/// The stamped watched files the tasks are to serve: `previous` when held or when nothing
-/// but the stamp would change; else the rendered files stamped with `generation`, or the next
-/// one after `previous`'s.
+/// The live set the tasks are to serve: the stamped watched files and the certificate copies
+/// they name. `previous` when held or when nothing but the stamp would change; else the
+/// rendered files stamped with `generation`, or the next one after `previous`'s.
 pub fn next_files(
     target: &crate::core::target::Target,
     previous: &BTreeMap<String, String>,
@@ -170,16 +171,48 @@ pub fn next_files(
     if hold && !previous.is_empty() {
         return previous.clone();
     }
-    match generation {
+    let previous_watched: BTreeMap<String, String> = previous
+        .iter()
+        .filter(|(n, _)| !n.starts_with(TLS_PREFIX))
+        .map(|(n, c)| (n.clone(), c.clone()))
+        .collect();
+    let mut next = match generation {
         Some(g) => delivery::stamp(&target.rendered.xds, g),
-        None if !previous.is_empty() && delivery::unstamp(previous) == target.rendered.xds => {
-            previous.clone()
+        None if !previous_watched.is_empty()
+            && delivery::unstamp(&previous_watched) == target.rendered.xds =>
+        {
+            previous_watched
         }
         None => {
-            let next = delivery::generation_of(previous).unwrap_or(0) + 1;
+            let next = delivery::generation_of(&previous_watched).unwrap_or(0) + 1;
             delivery::stamp(&target.rendered.xds, next)
         }
+    };
+    next.extend(tls_copies(target));
+    next
+}
+
+/// The certificate copies a target's watched files name, as the live set carries them
+/// (`tls/<owner>/<file>`): listener certificates and keys, backends' CAs and client pairs.
+pub fn tls_copies(target: &crate::core::target::Target) -> BTreeMap<String, String> {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let mut out = BTreeMap::new();
+    for c in &target.certificates {
+        out.insert(
+            format!("{TLS_PREFIX}{}/{}", c.dir, c.cert_name()),
+            text(&c.cert_pem),
+        );
+        out.insert(
+            format!("{TLS_PREFIX}{}/{}", c.dir, c.key_name()),
+            text(&c.key_pem),
+        );
     }
+    for b in &target.backend_tls {
+        for (name, content, _) in b.copies() {
+            out.insert(format!("{TLS_PREFIX}{}/{name}", b.owner()), text(content));
+        }
+    }
+    out
 }
 
 /// The files that differ between two sets (written or gone).
@@ -251,7 +284,7 @@ impl super::Swarm {
             .map(|t| t.service_node)
             .collect();
         if tasks.is_empty() {
-            self.state.write_xds(name, watched)?;
+            self.state.write_live(name, watched)?;
             return Ok(Delivery::Written {
                 files: changed(previous, watched),
             });
@@ -268,7 +301,7 @@ impl super::Swarm {
             .collect();
         match deliver(hub, name, &tasks, previous, watched, &serials, timeout).await {
             Ok(outcome) => {
-                self.state.write_xds(name, watched)?;
+                self.state.write_live(name, watched)?;
                 reporter.event(Event::new(name, "files").message(format!(
                     "wrote {}; confirmed by {} task(s) through their agents",
                     outcome.written.join(", "),

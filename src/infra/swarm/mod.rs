@@ -620,6 +620,9 @@ fn drift(s: &Service, plan: &ServicePlan) -> Option<String> {
                 c.secrets
                     .iter()
                     .flatten()
+                    .filter(|r| {
+                        !service::is_baseline(r.file.as_ref().and_then(|f| f.name.as_deref()))
+                    })
                     .filter_map(|r| r.secret_name.clone()),
             )
             .collect();
@@ -772,6 +775,17 @@ impl Infrastructure for Swarm {
                     });
                 }
             }
+            // Routes, clusters and certificates the agents will take live (no restart).
+            if matches!(&entrypoint, Entrypoint::Agent(a) if a.channel.is_some()) {
+                let on_record = crate::infra::delivery::unstamp(&self.state.read_live(&name)?);
+                if !on_record.is_empty() {
+                    let mut to = t.rendered.xds.clone();
+                    to.extend(live::tls_copies(t));
+                    plan.live.extend(crate::core::plan::LiveUpdate::between(
+                        &name, &on_record, &to,
+                    ));
+                }
+            }
             let have = tasks.len() as u32;
             for slot in have..wanted {
                 plan.actions.push(Action::Create {
@@ -812,7 +826,7 @@ impl Infrastructure for Swarm {
         let current = self.service(name).await?;
         // The watched files, stamped: what the tasks serve now, and what they are to serve (a
         // live task's baseline when its service rolls, else delivered through the agents).
-        let previous = self.state.read_xds(name)?;
+        let previous = self.state.read_live(name)?;
         let watched = live::next_files(target, &previous, req.generation, req.hold_files);
         let (mut plan, entrypoint) = self
             .service_plan(target, reporter, &BTreeMap::new(), Some(&watched))
@@ -855,7 +869,7 @@ impl Infrastructure for Swarm {
             }
             if channel && !same_spec {
                 // The new tasks start from it: it is the current set from now on.
-                self.state.write_xds(name, &watched)?;
+                self.state.write_live(name, &watched)?;
             }
             let before = current
                 .as_ref()
@@ -887,7 +901,7 @@ impl Infrastructure for Swarm {
             if let Err(e) = self.await_rollout(target, &plan, before, reporter).await {
                 if channel && !same_spec {
                     // Swarm's rollback brings back tasks of the previous baseline.
-                    let _ = self.state.write_xds(name, &previous);
+                    let _ = self.state.write_live(name, &previous);
                 }
                 return Err(e);
             }

@@ -19,6 +19,7 @@ use bollard::models::{
 };
 use serde::Serialize;
 
+use crate::core::agent::channel::TLS_PREFIX;
 use crate::core::ir::{OnFailure, Routing};
 use crate::core::layout;
 use crate::core::replica::{
@@ -98,6 +99,8 @@ pub const BASELINE_DIR: &str = "/etc/berth/baseline";
 pub const CREDENTIALS_DIR: &str = "/etc/berth/agent";
 /// The watched directory's tmpfs.
 const WATCHED_TMPFS_BYTES: i64 = 16 * 1024 * 1024;
+/// The TLS directory's tmpfs (a live task's certificate copies, written by its agent).
+const TLS_TMPFS_BYTES: i64 = 4 * 1024 * 1024;
 
 impl Entrypoint {
     fn channel(&self) -> Option<&Channel> {
@@ -212,12 +215,38 @@ pub fn files(target: &Target, cx: &Context<'_>) -> Vec<FileObject> {
     } else {
         layout::CONTAINER_XDS_DIR
     };
-    for (file, text) in cx.watched.unwrap_or(&target.rendered.xds) {
-        add(
-            format!("{watched_dir}/{file}"),
-            text.clone().into_bytes(),
-            false,
-        );
+    // The certificate copies the watched files name ride with them: a live task's baseline
+    // (copied into its TLS tmpfs by the agent), else mounted where Envoy reads them.
+    let tls_dir = if live.is_some() {
+        format!("{BASELINE_DIR}/tls")
+    } else {
+        layout::CONTAINER_TLS_DIR.to_string()
+    };
+    let rendered;
+    let set = match cx.watched {
+        Some(w) => w,
+        None => {
+            let mut all = target.rendered.xds.clone();
+            all.extend(super::live::tls_copies(target));
+            rendered = all;
+            &rendered
+        }
+    };
+    for (file, text) in set {
+        match file.strip_prefix(TLS_PREFIX) {
+            Some(copy) => {
+                let key = copy
+                    .rsplit('/')
+                    .next()
+                    .is_some_and(|f| f.starts_with("key"));
+                add(format!("{tls_dir}/{copy}"), text.clone().into_bytes(), key);
+            }
+            None => add(
+                format!("{watched_dir}/{file}"),
+                text.clone().into_bytes(),
+                false,
+            ),
+        }
     }
     if let Some(c) = live {
         add(
@@ -236,28 +265,15 @@ pub fn files(target: &Target, cx: &Context<'_>) -> Vec<FileObject> {
             true,
         );
     }
-    match &target.proxy.routing {
-        Routing::Standalone(_) => {
-            for c in &target.certificates {
-                let dir = format!("{}/{}", layout::CONTAINER_TLS_DIR, c.listener);
-                add(
-                    format!("{dir}/{}", c.cert_name()),
-                    c.cert_pem.clone(),
-                    false,
-                );
-                add(format!("{dir}/{}", c.key_name()), c.key_pem.clone(), true);
-            }
-        }
-        Routing::Xds(_) => {
-            for f in replica::tls_files(&target.proxy) {
-                // An unreadable file counts as empty here; validation names it.
-                let data = std::fs::read(&f.source).unwrap_or_default();
-                add(
-                    layout::container_tls_file(&f.owner, f.file),
-                    data,
-                    f.file == "key.pem",
-                );
-            }
+    if let Routing::Xds(_) = &target.proxy.routing {
+        for f in replica::tls_files(&target.proxy) {
+            // An unreadable file counts as empty here; validation names it.
+            let data = std::fs::read(&f.source).unwrap_or_default();
+            add(
+                layout::container_tls_file(&f.owner, f.file),
+                data,
+                f.file == "key.pem",
+            );
         }
     }
     out
@@ -294,6 +310,7 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
                     (ch::ENV_WATCHED, layout::CONTAINER_XDS_DIR.to_string()),
                     (ch::ENV_BASELINE, BASELINE_DIR.to_string()),
                     (ch::ENV_CREDENTIALS, CREDENTIALS_DIR.to_string()),
+                    (ch::ENV_TLS, layout::CONTAINER_TLS_DIR.to_string()),
                 ] {
                     env.insert(k.to_string(), v);
                 }
@@ -478,6 +495,7 @@ fn mounts(live: bool) -> Vec<Mount> {
     let mut out = vec![tmpfs(layout::CONTAINER_RUN_DIR, RUN_TMPFS_BYTES)];
     if live {
         out.push(tmpfs(layout::CONTAINER_XDS_DIR, WATCHED_TMPFS_BYTES));
+        out.push(tmpfs(layout::CONTAINER_TLS_DIR, TLS_TMPFS_BYTES));
     }
     out
 }
@@ -537,16 +555,15 @@ fn hash_of(spec: &ServiceSpec, files: &[FileObject]) -> String {
     sha256_hex(&json)
 }
 
-/// The baseline's config references leave the hashed spec: a route change is no new spec.
+/// The baseline's config and secret references leave the hashed spec: a route change or a
+/// certificate rotation is no new spec.
 fn strip_baseline(v: &mut serde_json::Value) {
-    if let Some(serde_json::Value::Array(configs)) =
-        v.pointer_mut("/TaskTemplate/ContainerSpec/Configs")
-    {
-        configs.retain(|c| {
-            !c.pointer("/File/Name")
-                .and_then(|n| n.as_str())
-                .is_some_and(|n| n.starts_with(BASELINE_DIR))
-        });
+    for list in ["Configs", "Secrets"] {
+        if let Some(serde_json::Value::Array(refs)) =
+            v.pointer_mut(&format!("/TaskTemplate/ContainerSpec/{list}"))
+        {
+            refs.retain(|c| !is_baseline(c.pointer("/File/Name").and_then(|n| n.as_str())));
+        }
     }
 }
 
