@@ -279,11 +279,53 @@ async fn canaries_roll_back_promote_and_survive_serve_restarting() {
     );
     assert!(record.exists());
     let serve = common::serve::Serve::start(&fleet.config(), &fleet.state(), &fleet.cleanup, &[]);
+    // /metrics during the resumed hold: under way, 1 replica on the new spec beside 3 old, the
+    // canary's numbers against the old replicas'.
+    let proxy = format!("proxy=\"{PROXY}\"");
+    serve.wait_for("the resumed hold's numbers", Duration::from_secs(60), |s| {
+        s.samples("berth_rollout_canary_requests")
+            .get(&format!("{proxy},replicas=\"old\""))
+            .is_some_and(|n| *n > 0.0)
+    });
+    assert_eq!(
+        serve.samples("berth_rollout_in_progress").get(&proxy),
+        Some(&1.0)
+    );
+    let on = serve.samples("berth_rollout_replicas");
+    assert_eq!(
+        (
+            on.get(&format!("{proxy},spec=\"new\"")),
+            on.get(&format!("{proxy},spec=\"old\""))
+        ),
+        (Some(&1.0), Some(&3.0)),
+        "{on:?}"
+    );
+    assert!(serve
+        .samples("berth_rollout_canary_failed")
+        .contains_key(&format!("{proxy},replicas=\"canary\"")));
     serve.wait_for("the rollout to finish", Duration::from_secs(90), |s| {
         s.log_text().contains("canary-promoted") && s.converged(PROXY, 3)
     });
     let log = serve.log_text();
     assert!(log.contains("canary-resumed"), "{log}");
+    // ... and after it: promoted, nothing under way, every replica on the new spec.
+    assert_eq!(
+        serve
+            .samples("berth_rollout_decisions_total")
+            .get(&format!("{proxy},result=\"promoted\"")),
+        Some(&1.0)
+    );
+    assert_eq!(
+        serve.samples("berth_rollout_in_progress").get(&proxy),
+        Some(&0.0)
+    );
+    assert!(serve
+        .samples("berth_rollout_canary_requests")
+        .keys()
+        .all(|l| !l.contains(&proxy)));
+    let on = serve.samples("berth_rollout_replicas");
+    assert_eq!(on.get(&format!("{proxy},spec=\"new\"")), Some(&3.0));
+    assert_eq!(on.get(&format!("{proxy},spec=\"old\"")), Some(&0.0));
     drop(serve);
     settle().await;
     assert_no_failures(
@@ -397,7 +439,40 @@ async fn rollout_pause_resume_promote_and_undo() {
     assert_eq!(
         rollout(&fleet, &["undo"]).await.status.code(),
         Some(1),
-        "nothing is rolling"
+        "nothing is rolling, and the config asks for the undone spec, not the last rolled one"
+    );
+
+    // undo after a finished rollout: every replica goes back to the spec it came from,
+    // lossless, and stays there on the next pass; a second undo has nothing to do.
+    // (Another spec than the undone one: rollout settings alone are not part of a spec.)
+    let mut plain = Settings::new(NEW, 3);
+    plain.max_surge = Some(2);
+    plain.set("env.BERTH_TEST_UNDO", "finished");
+    fleet.write(&plain);
+    let out = fleet.up().await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(count_events(&out, "removed"), 3, "{:?}", events(&out));
+    fleet.assert_serving(3, "1.40.0").await;
+    let out = rollout(&fleet, &["--output", "json", "undo"]).await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(messages(&out, "undoing").len(), 1, "{:?}", events(&out));
+    assert_eq!(count_events(&out, "rolled-back"), 3, "{:?}", events(&out));
+    fleet.assert_serving(3, "1.39.3").await;
+    let back = fleet.ids().await;
+    let out = fleet.up().await;
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(messages(&out, "held").len(), 1, "{:?}", events(&out));
+    assert_eq!(
+        fleet.ids().await,
+        back,
+        "the undone spec is not rolled again"
+    );
+    let again = rollout(&fleet, &["undo"]).await;
+    assert_eq!(again.status.code(), Some(1));
+    assert!(
+        stderr(&again).contains("undone already"),
+        "{}",
+        stderr(&again)
     );
 
     settle().await;

@@ -79,6 +79,8 @@ struct Container {
     listeners_closed: bool,
     log: Vec<String>,
     memory: Option<i64>,
+    /// Its Envoy answers nothing (a wedged process the engine still shows running).
+    hung: bool,
 }
 
 #[derive(Default)]
@@ -221,6 +223,13 @@ impl FakeEngine {
     /// Says host process `pid` runs in container `id` (what its cgroup would tell).
     pub fn place_process(&self, pid: u32, id: &str) {
         self.lock().processes.insert(pid, id.to_string());
+    }
+
+    /// Its Envoy stops answering while the engine still shows it running (a wedged process).
+    pub fn hang(&self, id: &str) {
+        if let Some(c) = self.lock().containers.get_mut(id) {
+            c.hung = true;
+        }
     }
 
     /// Freezes a container as `docker pause` would.
@@ -601,6 +610,7 @@ impl ContainerEngine for FakeEngine {
             listeners_closed: false,
             log: vec!["[info] starting main dispatch loop".into()],
             memory: spec.memory,
+            hung: false,
         };
         self.emit("create", &c);
         w.containers.insert(id.clone(), c);
@@ -653,6 +663,8 @@ impl ContainerEngine for FakeEngine {
                 c.state = RunState::Exited;
                 c.exit_code = 137;
                 c.started = None;
+                // The next start is a new process: it answers.
+                c.hung = false;
                 let c = c.clone();
                 self.emit("die", &c);
             }
@@ -757,6 +769,9 @@ impl FakeAdmin {
         let c = w.containers.get_mut(&id).expect("found above");
         if c.state != RunState::Running {
             bail!("{}: connection refused", self.socket.display());
+        }
+        if c.hung {
+            bail!("{}: no answer", self.socket.display());
         }
         Ok(f(c, &behavior))
     }

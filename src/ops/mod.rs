@@ -7,6 +7,7 @@
 //! with each proxy's own settings, readiness by the one probe), `serve` guarantees.
 
 pub mod acme;
+pub mod liveness;
 
 pub use crate::core::policy::HostPolicy;
 

@@ -3,6 +3,8 @@
 //! `berth rollout pause|resume|promote|undo` leaves for it (empty marker files, looked at every
 //! second by the running rollout). `rollout.undone` holds the spec hash an undo rolled back
 //! from: that spec is not rolled out again until the config asks for another one.
+//! `rollout.previous` names the last finished rollout's specs (from, to): what an undo after it
+//! goes back to (that spec stays recorded while the file names it).
 
 use std::path::{Path, PathBuf};
 
@@ -16,6 +18,7 @@ const PAUSED: &str = "rollout.paused";
 const PROMOTE: &str = "rollout.promote";
 const UNDO: &str = "rollout.undo";
 const UNDONE: &str = "rollout.undone";
+const PREVIOUS: &str = "rollout.previous";
 
 /// Seconds since the Unix epoch: the clock records are kept in (they outlive the process).
 pub fn now_secs() -> u64 {
@@ -117,6 +120,21 @@ impl RolloutFiles {
     pub fn clear_undone(&self) {
         let _ = std::fs::remove_file(self.dir.join(UNDONE));
     }
+
+    /// The last finished rollout: (the spec hash it went from, the one it went to).
+    pub fn previous(&self) -> Option<(String, String)> {
+        let text = std::fs::read_to_string(self.dir.join(PREVIOUS)).ok()?;
+        let (from, to) = text.trim().split_once(' ')?;
+        Some((from.to_string(), to.to_string())).filter(|(f, t)| !f.is_empty() && !t.is_empty())
+    }
+
+    pub fn set_previous(&self, from: &str, to: &str) -> Result<()> {
+        crate::state::write_atomic(
+            &self.dir.join(PREVIOUS),
+            format!("{from} {to}\n").as_bytes(),
+            0o600,
+        )
+    }
 }
 
 #[cfg(test)]
@@ -151,5 +169,9 @@ mod tests {
         );
         f.clear_undone();
         assert!(f.undone().is_none());
+        assert!(f.previous().is_none());
+        f.set_previous("old", "new").unwrap();
+        f.forget();
+        assert_eq!(f.previous(), Some(("old".into(), "new".into())));
     }
 }

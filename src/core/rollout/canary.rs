@@ -101,6 +101,12 @@ pub struct RolloutRecord {
     /// The latest word: the hold's decision with its numbers, or the waves' progress.
     #[serde(default)]
     pub last: String,
+    /// The canaries' and the old replicas' numbers since the hold began, at the latest look
+    /// (`berth rollout status`, serve's `berth_rollout_canary_*`).
+    #[serde(default)]
+    pub canary_numbers: Option<Sample>,
+    #[serde(default)]
+    pub baseline_numbers: Option<Sample>,
 }
 
 impl RolloutRecord {

@@ -13,6 +13,7 @@ use clap::Subcommand;
 
 use super::settings::Resolved;
 use super::{Cli, Output};
+use crate::core::rollout::Sample;
 use crate::state::rollout::{Request, RolloutFiles};
 
 #[derive(Debug, Clone, Subcommand)]
@@ -27,7 +28,10 @@ pub enum Verb {
     /// End a canary's hold now and roll the rest.
     Promote { proxy: Option<String> },
     /// Back to the previous spec: the canaries (or the replicas replaced so far) drain and the
-    /// old spec stays, also on later passes, until the config asks for another spec.
+    /// old spec stays, also on later passes, until the config asks for another spec. With
+    /// nothing rolling, the last finished rollout is undone: its replicas go back lossless,
+    /// `max_surge` at a time, as `berth up` runs them (through serve when serve holds the state
+    /// directory).
     Undo { proxy: Option<String> },
 }
 
@@ -44,6 +48,14 @@ pub(super) async fn command(cli: &Cli, verb: &Verb) -> Result<()> {
         Verb::Promote { proxy } => (proxy, Request::Promote),
         Verb::Undo { proxy } => (proxy, Request::Undo),
     };
+    let now_rolling = rolling(state);
+    let finished = match proxy {
+        Some(p) => !now_rolling.contains(p),
+        None => now_rolling.is_empty(),
+    };
+    if request == Request::Undo && finished {
+        return undo_finished(cli, &resolved, proxy.as_deref()).await;
+    }
     let name = one_rolling(state, proxy.as_deref())?;
     let files = RolloutFiles::new(state, &name);
     if request == Request::Promote && files.read().is_none_or(|r| r.canaries.is_empty()) {
@@ -81,6 +93,82 @@ pub(super) async fn command(cli: &Cli, verb: &Verb) -> Result<()> {
     Ok(())
 }
 
+/// `undo` with nothing rolling: the last finished rollout of PROXY (or of the only proxy that
+/// has one) goes back to the spec it came from. The undone spec is recorded as held, and the
+/// config is applied as `berth up` does (through serve when serve holds the state directory):
+/// the replicas go back lossless, `max_surge` at a time, each gated, and stay there until the
+/// config asks for another spec.
+async fn undo_finished(cli: &Cli, resolved: &Resolved, named: Option<&str>) -> Result<()> {
+    let state = resolved.state_dir.as_path();
+    let name = match named {
+        Some(n) => n.to_string(),
+        None => {
+            let with: Vec<String> = resolved
+                .targets
+                .iter()
+                .map(|t| t.name().to_string())
+                .filter(|n| RolloutFiles::new(state, n).previous().is_some())
+                .collect();
+            match with.as_slice() {
+                [one] => one.clone(),
+                [] => bail!(
+                    "nothing is rolling in {}, and no proxy of the config has a finished \
+                     rollout to undo",
+                    state.display()
+                ),
+                many => bail!(
+                    "nothing is rolling; several proxies have a finished rollout to undo ({}): \
+                     name one",
+                    many.join(", ")
+                ),
+            }
+        }
+    };
+    let files = RolloutFiles::new(state, &name);
+    let Some((from, to)) = files.previous() else {
+        bail!("{name}: nothing is rolling, and no finished rollout is recorded to undo");
+    };
+    let short = crate::core::replica::short_hash;
+    if files.undone().as_deref() == Some(to.as_str()) {
+        bail!(
+            "{name}: the rollout to spec {} is undone already; the replicas stay on spec {} \
+             until the config asks for another one",
+            short(&to),
+            short(&from)
+        );
+    }
+    let Some(target) = resolved.targets.iter().find(|t| t.name() == name) else {
+        bail!("{name}: not in the config");
+    };
+    if target.desired.hash != to {
+        bail!(
+            "{name}: the config asks for spec {} now, not spec {} that the last rollout rolled \
+             out: nothing to undo (edit the config instead)",
+            short(&target.desired.hash),
+            short(&to)
+        );
+    }
+    if crate::state::StateDir::at(state)
+        .read_spec(&name, &from)
+        .is_none()
+    {
+        bail!(
+            "{name}: the previous spec {} is no longer recorded; edit the config back instead",
+            short(&from)
+        );
+    }
+    files.set_undone(&to)?;
+    if !cli.quiet {
+        eprintln!(
+            "{name}: undoing the rollout to spec {}: back to spec {}, held until the config \
+             asks for another one",
+            short(&to),
+            short(&from)
+        );
+    }
+    super::commands::up(cli, false).await
+}
+
 /// The proxy a steering verb is for: `named`, which must be rolling, or the only one rolling.
 fn one_rolling(state: &Path, named: Option<&str>) -> Result<String> {
     let rolling = rolling(state);
@@ -112,6 +200,17 @@ fn rolling(state: &Path) -> Vec<String> {
     names
 }
 
+/// A canary's (or its baseline's) numbers since the hold began, for `-o json`.
+fn numbers(s: &Sample) -> serde_json::Value {
+    serde_json::json!({
+        "requests": s.requests,
+        "failed": s.failed(),
+        "errors5xx": s.errors_5xx,
+        "resets": s.resets,
+        "upstreamConnectFailures": s.connect_failures,
+    })
+}
+
 fn status(cli: &Cli, state: &Path, proxy: Option<&str>) -> Result<()> {
     let now = crate::state::rollout::now_secs();
     let names: Vec<String> = match proxy {
@@ -136,6 +235,8 @@ fn status(cli: &Cli, state: &Path, proxy: Option<&str>) -> Result<()> {
                 "canaries": r.as_ref().map(|r| r.canaries.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>()),
                 "heldSeconds": r.as_ref().filter(|r| !r.canaries.is_empty()).map(|r| r.held(now).as_secs()),
                 "holdSeconds": r.as_ref().filter(|r| !r.canaries.is_empty()).map(|r| r.hold_secs),
+                "canaryNumbers": r.as_ref().and_then(|r| r.canary_numbers.as_ref()).map(numbers),
+                "baselineNumbers": r.as_ref().and_then(|r| r.baseline_numbers.as_ref()).map(numbers),
                 "last": r.as_ref().map(|r| r.last.clone()),
                 "undone": files.undone().map(|h| crate::core::replica::short_hash(&h).to_string()),
             })

@@ -233,7 +233,7 @@ pub struct Shared {
     pub state: StateDir,
     /// `tune_host` of the last good config.
     pub tune_host: std::sync::atomic::AtomicBool,
-    pub metrics: Metrics,
+    pub metrics: Arc<Metrics>,
     pub desired: Mutex<Desired>,
     /// The last good config's targets (`desired` merges them with `remote`).
     pub config_targets: Mutex<BTreeMap<String, Target>>,
@@ -578,7 +578,7 @@ pub async fn run(opts: Options) -> Result<()> {
         ops,
         tune_host: std::sync::atomic::AtomicBool::new(first.tune_host),
         state,
-        metrics: Metrics::new(),
+        metrics: Arc::new(Metrics::new()),
         desired: Mutex::new(Desired::default()),
         config_targets: Mutex::new(BTreeMap::new()),
         image_pins: Mutex::new(BTreeMap::new()),

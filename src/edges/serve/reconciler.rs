@@ -14,9 +14,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::scheduler::Action;
 use super::{log, Failed, PassOutcome, Shared, Unfinished};
+use crate::core::ir::OnFailure;
 use crate::core::progress::Reporter;
 use crate::core::target::Target;
-use crate::infra::{ConvergeError, ConvergeRequest, Converged, Delivery};
+use crate::infra::{ConvergeError, ConvergeRequest, Converged, Delivery, Gate};
 use crate::status::record::{set_condition, RolloutRecord, DEGRADED, PROGRESSING, READY};
 
 /// How long a live update that some replica did not confirm (no verdict before the deadline)
@@ -240,8 +241,15 @@ async fn converge(
         let (shared_name, gen) = (name.to_string(), generation);
         let record = shared.record_handle();
         let watchers = shared.watchers.clone();
+        let metrics = shared.metrics.clone();
         Reporter::new(shared.opts.mode).on_event(move |event| {
             watchers.forward(&shared_name, epoch, event);
+            match event.event.as_str() {
+                "canary-promoted" => count_decision(&metrics, &shared_name, "promoted"),
+                // `berth rollout undo` after a finished rollout.
+                "undoing" => count_decision(&metrics, &shared_name, "undone"),
+                _ => {}
+            }
             // The first step that changes something marks the proxy as progressing.
             if matches!(
                 event.event.as_str(),
@@ -285,6 +293,16 @@ async fn converge(
             };
             if reason != "Cancelled" {
                 count_rollout(shared, name, "failed", started);
+            }
+            if let ConvergeError::Gate(g) = &e {
+                let undone = g.gate == Gate::Undone
+                    || (g.gate == Gate::Canary && g.reason.starts_with("undone by hand"));
+                let result = match target.desired.rollout.on_failure {
+                    _ if undone => "undone",
+                    OnFailure::Rollback => "rolled_back",
+                    OnFailure::Pause => "paused",
+                };
+                count_decision(&shared.metrics, name, result);
             }
             record_failure(shared, name, generation, reason, &e.to_string());
             return Err(e);
@@ -386,6 +404,17 @@ fn count_rollout(shared: &Shared, name: &str, outcome: &str, started: Instant) {
         "Time a rollout of a proxy took.",
         &[("proxy", name)],
         started.elapsed(),
+    );
+}
+
+/// Counts how a rollout was decided: a canary promoted, a rollout rolled back (a failed gate or
+/// canary: the new spec's replicas retired, the replaced ones put back), paused there
+/// (`on_failure = "pause"`), or undone by hand (`berth rollout undo`).
+fn count_decision(metrics: &crate::status::metrics::Metrics, name: &str, result: &str) {
+    metrics.inc(
+        "berth_rollout_decisions_total",
+        "Rollout decisions, by proxy and result: promoted (a canary), rolled_back (a failed gate or canary), paused (a failed gate with on_failure = \"pause\"), undone (berth rollout undo).",
+        &[("proxy", name), ("result", result)],
     );
 }
 

@@ -284,6 +284,69 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
     })
 }
 
+/// `berth_rollout_*` gauges, from the rollout files (whoever runs the rollout keeps them
+/// current: [`crate::state::rollout`]) and the replicas' specs.
+fn rollout_metrics(
+    shared: &Shared,
+    owned: &BTreeSet<String>,
+    targets: &BTreeMap<String, crate::core::target::Target>,
+    rows: &[crate::infra::ReplicaStatus],
+) {
+    let m = &shared.metrics;
+    for family in [
+        "berth_rollout_in_progress",
+        "berth_rollout_replicas",
+        "berth_rollout_canary_requests",
+        "berth_rollout_canary_failed",
+    ] {
+        m.clear(family);
+    }
+    for p in owned {
+        let record = crate::state::rollout::RolloutFiles::new(shared.state.root(), p).read();
+        m.set(
+            "berth_rollout_in_progress",
+            "1 while a rollout of the proxy is under way (its rollout.json: waves or a canary's hold, also one a stopped berth left to resume).",
+            &[("proxy", p)],
+            if record.is_some() { 1.0 } else { 0.0 },
+        );
+        if let Some(desired) = targets.get(p).map(|t| &t.desired) {
+            let new = crate::core::replica::short_hash(&desired.hash);
+            let mine = rows
+                .iter()
+                .filter(|r| r.proxy == *p && r.state == RunState::Running);
+            let on_new = mine.clone().filter(|r| r.spec == new).count();
+            let on_old = mine.count() - on_new;
+            for (spec, n) in [("new", on_new), ("old", on_old)] {
+                m.set(
+                    "berth_rollout_replicas",
+                    "Running replicas of the proxy on the desired spec (new) and on any other (old).",
+                    &[("proxy", p), ("spec", spec)],
+                    n as f64,
+                );
+            }
+        }
+        let Some(r) = record.filter(|r| !r.canaries.is_empty()) else {
+            continue;
+        };
+        for (on, sample) in [("canary", r.canary_numbers), ("old", r.baseline_numbers)] {
+            let s = sample.unwrap_or_default();
+            let l = [("proxy", p.as_str()), ("replicas", on)];
+            m.set(
+                "berth_rollout_canary_requests",
+                "Requests the holding canaries (replicas=canary) and the old replicas (replicas=old) answered since the hold began, at its latest look.",
+                &l,
+                s.requests as f64,
+            );
+            m.set(
+                "berth_rollout_canary_failed",
+                "Of those, requests that failed (5xx answers and reset streams).",
+                &l,
+                s.failed() as f64,
+            );
+        }
+    }
+}
+
 async fn metrics(shared: &Shared) -> String {
     let owned = super::reconciler::owned(shared);
     let scraped = shared.ops.infra.envoy_metrics(&owned).await;
@@ -301,10 +364,11 @@ async fn metrics(shared: &Shared) -> String {
         &[],
         dropped as f64,
     );
-    if let Ok(rows) = shared.ops.status(&owned).await {
+    let rows = shared.ops.status(&owned).await.ok();
+    if let Some(rows) = &rows {
         // Replicas that are gone drop out instead of keeping their last value.
         m.clear("berth_replica_ready");
-        for r in &rows {
+        for r in rows {
             m.set(
                 "berth_replica_ready",
                 "1 when the replica is ready by the one probe (LIVE, every listener bound).",
@@ -332,6 +396,12 @@ async fn metrics(shared: &Shared) -> String {
         .unwrap_or_else(|e| e.into_inner())
         .targets
         .clone();
+    rollout_metrics(
+        shared,
+        &owned,
+        &targets,
+        rows.as_deref().unwrap_or_default(),
+    );
     m.clear("berth_certificate_expiry_timestamp_seconds");
     for t in targets.values() {
         for c in &t.certificates {

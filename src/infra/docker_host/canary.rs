@@ -120,6 +120,8 @@ impl Run<'_> {
                     old.add(&since_start(run, now));
                 }
             }
+            record.canary_numbers = Some(mine);
+            record.baseline_numbers = Some(old);
             let now = now_secs();
             let elapsed = record.held(now);
             let numbers = format!("canaries: {mine}; old replicas: {old}");

@@ -243,7 +243,7 @@ impl Run<'_> {
     /// Puts `slot` back on spec `old_hash`: a replica of it started and gated, then the new
     /// one (`new_name`) retired. Never rolls back a rollback: a failure is reported, not
     /// retried.
-    async fn roll_back_slot(
+    pub(super) async fn roll_back_slot(
         &self,
         name: &str,
         slot: u32,
@@ -300,6 +300,12 @@ impl Run<'_> {
             .iter()
             .filter_map(|c| c.spec_hash().map(str::to_string))
             .chain([target.desired.hash.clone()])
+            // What `berth rollout undo` after the last finished rollout goes back to.
+            .chain(
+                super::canary::files(self, name)
+                    .previous()
+                    .map(|(from, _)| from),
+            )
             .collect();
         hashes.sort();
         hashes.dedup();

@@ -222,7 +222,17 @@ impl Infrastructure for DockerHost {
         let target = req.target;
         let name = target.name();
         let desired = &target.desired;
-        let observed = self.observe_proxy(name).await?;
+        let mut observed = self.observe_proxy(name).await?;
+        // `berth rollout undo` after a finished rollout: back to the previous spec first; the
+        // plan then holds it (see `waves`).
+        let undone = self
+            .run(req.reporter, &req.cancel)
+            .undo_finished(target, &observed)
+            .await?;
+        if undone > 0 {
+            self.forget_observation();
+            observed = self.observe_proxy(name).await?;
+        }
         let facts = self.facts(desired, &observed).await;
         tracing::debug!(target: "berth::phase", "{name}: observed and probed");
         let fresh = !facts.any_ready;
@@ -295,7 +305,8 @@ impl Infrastructure for DockerHost {
         if !actions.is_empty() {
             self.forget_observation();
         }
-        let done = result?;
+        let mut done = result?;
+        done.replace += undone;
         if !actions.is_empty() {
             run.prune(target).await?;
         }

@@ -763,3 +763,143 @@ async fn a_look_sees_a_paused_replica_and_a_kill_takes_it_down() {
     converge(&w, &t).await.unwrap();
     assert_eq!(w.host.look(&proxies).await.unwrap().len(), 2);
 }
+
+/// serve's liveness watch over the fake engine, one pass a second: (slot, verdict kind)
+/// of every replica after each pass, and the kills in the engine's history.
+async fn watch_passes(w: &World, passes: usize) -> Vec<Vec<(String, String)>> {
+    use crate::core::liveness::Verdict;
+    let mut watch = crate::ops::liveness::Watch::new();
+    let proxies = std::collections::BTreeSet::from(["edge".to_string()]);
+    let mut out = Vec::new();
+    for _ in 0..passes {
+        let judged = watch.pass(&w.host, &proxies).await.unwrap();
+        let mut row: Vec<(String, String)> = judged
+            .iter()
+            .map(|j| {
+                let kind = match j.verdict {
+                    Verdict::Live => "live".to_string(),
+                    Verdict::Starting => "starting".to_string(),
+                    Verdict::Quiet { .. } => "quiet".to_string(),
+                    Verdict::Dead(why) => format!("dead: {why}"),
+                };
+                (j.look.container.clone(), kind)
+            })
+            .collect();
+        row.sort();
+        out.push(row);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    out
+}
+
+fn verdicts_of<'a>(passes: &'a [Vec<(String, String)>], id: &str) -> Vec<&'a str> {
+    passes
+        .iter()
+        .map(|row| {
+            row.iter()
+                .find(|(c, _)| c == id)
+                .map_or("-", |(_, k)| k.as_str())
+        })
+        .collect()
+}
+
+/// A paused replica is killed at the first look 2 s after its last answer, and only it.
+#[tokio::test(start_paused = true)]
+async fn the_watch_kills_a_paused_replica_after_two_seconds_and_nothing_else() {
+    let w = world();
+    let t = target(&w, OLD, 3, "rollback");
+    converge(&w, &t).await.unwrap();
+    let ids: Vec<String> = w.engine.containers().iter().map(|c| c.id.clone()).collect();
+    let mut watch = crate::ops::liveness::Watch::new();
+    let proxies = std::collections::BTreeSet::from(["edge".to_string()]);
+    // It answered once, then the engine froze it.
+    watch.pass(&w.host, &proxies).await.unwrap();
+    w.engine.pause(&ids[0]);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut kinds = Vec::new();
+    for _ in 0..3 {
+        let judged = watch.pass(&w.host, &proxies).await.unwrap();
+        kinds.push(
+            judged
+                .iter()
+                .find(|j| j.look.container == ids[0])
+                .map(|j| (j.verdict, j.killed.clone())),
+        );
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    use crate::core::liveness::{DeadReason, Verdict};
+    assert!(
+        matches!(kinds[0], Some((Verdict::Quiet { .. }, None))),
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds[1],
+        Some((Verdict::Dead(DeadReason::Paused), Some(Ok(()))))
+    );
+    // Killed, it is not running any more, so not looked at.
+    assert_eq!(kinds[2], None);
+    let kills: Vec<String> = w
+        .engine
+        .history()
+        .into_iter()
+        .filter(|h| h.starts_with("sigkill "))
+        .collect();
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    let states: Vec<RunState> = w.engine.containers().iter().map(|c| c.state).collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == RunState::Running).count(),
+        2,
+        "{states:?}"
+    );
+}
+
+/// A replica whose Envoy stops answering while the engine shows it running, with no CPU
+/// reading (the fake has no process): killed only after 10 s of silence.
+#[tokio::test(start_paused = true)]
+async fn without_a_cpu_reading_the_watch_waits_ten_seconds() {
+    let w = world();
+    let t = target(&w, OLD, 2, "rollback");
+    converge(&w, &t).await.unwrap();
+    let hung = w.engine.containers()[1].id.clone();
+    let mut watch = crate::ops::liveness::Watch::new();
+    let proxies = std::collections::BTreeSet::from(["edge".to_string()]);
+    watch.pass(&w.host, &proxies).await.unwrap();
+    w.engine.hang(&hung);
+    let passes = {
+        let mut p = Vec::new();
+        for _ in 0..11 {
+            tokio::time::advance(Duration::from_secs(1)).await;
+            let judged = watch.pass(&w.host, &proxies).await.unwrap();
+            p.push(
+                judged
+                    .iter()
+                    .find(|j| j.look.container == hung)
+                    .map(|j| j.verdict),
+            );
+        }
+        p
+    };
+    use crate::core::liveness::Verdict;
+    assert!(
+        passes[..9]
+            .iter()
+            .all(|v| matches!(v, Some(Verdict::Quiet { busy: false, .. }))),
+        "{passes:?}"
+    );
+    assert!(matches!(passes[9], Some(Verdict::Dead(_))), "{passes:?}");
+}
+
+/// A replica that has not answered since it was first seen is starting: never killed (the
+/// rollout gate judges it), however long it takes.
+#[tokio::test(start_paused = true)]
+async fn the_watch_never_kills_a_replica_that_is_starting() {
+    let w = world();
+    let t = target(&w, OLD, 1, "rollback");
+    converge(&w, &t).await.unwrap();
+    let id = w.engine.containers()[0].id.clone();
+    w.engine.hang(&id);
+    let passes = watch_passes(&w, 15).await;
+    let v = verdicts_of(&passes, &id);
+    assert!(v.iter().all(|k| *k == "starting"), "{v:?}");
+    assert!(!w.engine.history().iter().any(|h| h.starts_with("sigkill")));
+}

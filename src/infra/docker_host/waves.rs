@@ -116,7 +116,93 @@ impl Run<'_> {
         if !(cancelled && files.read().is_some_and(|r| !r.canaries.is_empty())) {
             files.forget();
         }
+        // Every replica rolled: what `berth rollout undo` after it goes back to (the spec most
+        // of them ran), kept recorded until the next finished rollout.
+        if matches!(result, Ok(n) if n == replacements.len()) {
+            let mut counts: std::collections::BTreeMap<&str, usize> = Default::default();
+            for r in replacements.iter().filter(|r| !r.old_hash.is_empty()) {
+                *counts.entry(r.old_hash.as_str()).or_default() += 1;
+            }
+            if let Some((from, _)) = counts.into_iter().max_by_key(|(_, n)| *n) {
+                files.set_previous(from, &desired.hash)?;
+            }
+        }
         result
+    }
+
+    /// `berth rollout undo` after a finished rollout: the replicas running the undone spec
+    /// (`target`'s desired one) go back to the spec that rollout came from, `max_surge` slots
+    /// at a time, each as a rollback does (a replica of the previous spec started and gated,
+    /// then the undone one drained). How many went back; 0 when there is no such undo.
+    pub(super) async fn undo_finished(
+        &self,
+        target: &Target,
+        observed: &[ObservedContainer],
+    ) -> Result<usize, ConvergeError> {
+        let name = target.name();
+        let desired = &target.desired;
+        let files = files(self, name);
+        // The config asks for another spec than the undone one: the undo is over.
+        if files.undone().is_some_and(|h| h != desired.hash) {
+            files.clear_undone();
+        }
+        let (Some(undone), Some((from, to))) = (files.undone(), files.previous()) else {
+            return Ok(0);
+        };
+        if undone != desired.hash || to != desired.hash || files.read().is_some() {
+            return Ok(0);
+        }
+        let back: Vec<(u32, String, String)> = observed
+            .iter()
+            .filter(|c| c.state == RunState::Running && c.spec_hash() == Some(to.as_str()))
+            .filter_map(|c| Some((c.slot()?, c.name.clone(), from.clone())))
+            .collect();
+        if back.is_empty() {
+            return Ok(0);
+        }
+        if self.state.read_spec(name, &from).is_none() {
+            // `berth rollout undo` checks this before it asks; nothing to go back to.
+            files.clear_undone();
+            self.reporter
+                .event(Event::new(name, "note").message(format!(
+                    "berth rollout undo: the previous spec {} is no longer recorded; the replicas \
+                 stay on spec {} (edit the config back instead)",
+                    crate::core::replica::short_hash(&from),
+                    crate::core::replica::short_hash(&to)
+                )));
+            return Ok(0);
+        }
+        let surge = self.surge(target, observed, back.len());
+        self.reporter
+            .event(Event::new(name, "undoing").message(format!(
+                "berth rollout undo: {} replica(s) go back from spec {} to spec {}",
+                back.len(),
+                crate::core::replica::short_hash(&to),
+                crate::core::replica::short_hash(&from)
+            )));
+        let mut done = 0;
+        for wave in back.chunks(surge) {
+            if self.cancel.is_cancelled() {
+                return Err(ConvergeError::Cancelled {
+                    proxy: name.to_string(),
+                });
+            }
+            let backs = wave.iter().map(|(slot, new_name, old_hash)| {
+                self.roll_back_slot(name, *slot, new_name, old_hash, observed)
+            });
+            for note in futures_util::future::join_all(backs).await {
+                if !note.contains("rolled back to spec") {
+                    return Err(ConvergeError::Host {
+                        problem: format!(
+                            "{name}: berth rollout undo stopped with {done} of {} back: {note}",
+                            back.len()
+                        ),
+                    });
+                }
+                done += 1;
+            }
+        }
+        Ok(done)
     }
 
     /// [`Self::replace_in_waves`] once the surge is known: the canary's hold if there is one,

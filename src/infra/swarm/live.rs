@@ -199,11 +199,11 @@ pub fn tls_copies(target: &crate::core::target::Target) -> BTreeMap<String, Stri
     let mut out = BTreeMap::new();
     for c in &target.certificates {
         out.insert(
-            format!("{TLS_PREFIX}{}/{}", c.secret, c.cert_name()),
+            format!("{TLS_PREFIX}{}/{}", c.dir, c.cert_name()),
             text(&c.cert_pem),
         );
         out.insert(
-            format!("{TLS_PREFIX}{}/{}", c.secret, c.key_name()),
+            format!("{TLS_PREFIX}{}/{}", c.dir, c.key_name()),
             text(&c.key_pem),
         );
     }
