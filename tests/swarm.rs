@@ -264,9 +264,9 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
         let mode = docker_ok(&["inspect", "-f", "{{.HostConfig.NetworkMode}}", &id]);
         assert_eq!(mode, "host");
     }
-    // The rendered files as configs (the watched ones as the baseline the agent starts
-    // from), the agent channel's CA and certificate too; the keys (the listener's, the agent
-    // channel's) as secrets readable by uid 101 only.
+    // The rendered files as configs (the watched ones, certificates included, as the baseline
+    // the agent starts from), the agent channel's CA and certificate too; the keys (the
+    // listener's, in the baseline, and the agent channel's) as secrets readable by uid 101 only.
     let configs: Vec<&str> = c["Configs"]
         .as_array()
         .unwrap()
@@ -283,6 +283,12 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     ] {
         assert!(configs.contains(&want), "{want} not in {configs:?}");
     }
+    assert!(
+        configs
+            .iter()
+            .any(|n| n.starts_with("/etc/berth/baseline/tls/secure/cert-")),
+        "{configs:?}"
+    );
     let secrets = c["Secrets"].as_array().unwrap();
     assert_eq!(secrets.len(), 2, "{secrets:?}");
     for secret in secrets {
@@ -296,7 +302,7 @@ fn three_tasks_serve_on_one_port(case: &SwarmCase, toml: &str, port: u16, tls_po
     assert!(
         names
             .iter()
-            .any(|n| n.starts_with("/etc/berth/tls/secure/key-"))
+            .any(|n| n.starts_with("/etc/berth/baseline/tls/secure/key-"))
             && names.contains(&"/etc/berth/agent/key.pem"),
         "{names:?}"
     );
