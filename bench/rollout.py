@@ -4,6 +4,8 @@
 Run: scripts/bench.sh rollout      (prints a table; cleans up after itself)
      BENCH_ROLLOUTS=2 scripts/bench.sh rollout      (a short run)
      BENCH_BIG=0 scripts/bench.sh rollout           (without the 32-replica rollout)
+     BENCH_TRACE=DIR scripts/bench.sh rollout       (also each berth rollout's events, timestamped
+                                                     as they arrived, to DIR/<surge>-<n>.events)
 
 berth runs three times, with `max_surge = 1` (one replica after another), with its default
 `max_surge` and with "100%" (every replica in one wave), beside compose, in one run. Then one 32-replica berth rollout at berth's default
@@ -57,6 +59,17 @@ CONNECTIONS, THREADS = 50, 2
 WRK_MAX = 600           # wrk's own bound (-d); it is stopped with SIGINT long before
 ROLLOUT_DEADLINE = 180  # one `berth up` / `docker-compose up -d` may take at most this long
 HERE = os.path.dirname(os.path.abspath(__file__))
+TRACE = os.environ.get("BENCH_TRACE")  # a directory for each berth rollout's timed events
+
+
+def trace(name, events):
+    """Writes one rollout's events, each with the seconds since `berth up` began, to TRACE."""
+    if not TRACE:
+        return
+    os.makedirs(TRACE, exist_ok=True)
+    with open(os.path.join(TRACE, f"{name}.events"), "w") as f:
+        for t, e in events:
+            f.write(f"{t:8.3f} {json.dumps(e)}\n")
 
 children = []  # every wrk and `berth up` started, killed in main's finally before the cleanup
 
@@ -148,6 +161,7 @@ def replicas_of(events):
             r["boot"] = r["to_live"] - r["create_start"]
             r["stop_remove"] = r["removed"] - r["drained"]
             r["other"] = r["total"] - r["to_live"] - MIN_READY_S - r["drain"] - r["stop_remove"]
+            r["wave_wait"] = r["draining"] - r["ready"]  # ready, its old one waits for the wave
             out.append(r)
     return out
 
@@ -189,6 +203,7 @@ def berth_rollouts(d, state, floors, floors_idle, max_surge):
         time.sleep(SETTLE)
         w = stop_wrk(wrk)
         reps = replicas_of(events)
+        trace(f"{'default' if max_surge is None else str(max_surge).rstrip('%')}-{i + 1}", events)
         now = images(LABEL)
         results.append(dict(rc=rc, total=total, serving=serving, replicas=reps, events=events,
                             on_new_image=now == [image] * REPLICAS, **w))
@@ -246,6 +261,7 @@ def main():
         cleanup(LABEL, dirs=(d, state), compose_dir=cdir, project=PROJECT)
     for m, b in zip(SURGES, bs):
         report(b, c, floors, floors_idle, m)
+    report_side_by_side(bs, c)
     if big:
         report_big(big)
 
@@ -269,6 +285,7 @@ def big_rollout(d, state):
     log_path = os.path.join(d, "berth-up-big.log")
     with open(log_path, "w") as log:
         rc, total, events = berth_up_events(berth(cfg, state, LABEL, "--output", "json", "up"), log)
+    trace(f"big-{BIG}", events)
     if rc != 0:
         sys.stderr.write(f"berth up ({BIG} replicas) exited {rc}; stderr:\n{open(log_path).read()}\n")
     wait_serving(PORT, BIG, body)
@@ -278,6 +295,27 @@ def big_rollout(d, state):
     surge = next((e.get("message", "") for _, e in events if e.get("event") == "surge"), "")
     lowered = next((e.get("message", "") for _, e in events if e.get("event") == "surge-lowered"), "")
     return dict(rc=rc, total=total, surge=surge, lowered=lowered, **w)
+
+
+def report_side_by_side(bs, c):
+    """The runs of this one benchmark side by side: each berth max_surge and compose."""
+    med = statistics.median
+    print()
+    print(f"Side by side ({REPLICAS} replicas, {ROLLOUTS} rollouts each, the same load and window):")
+    print(f"  {'':<34} {'time (median)':>14} {'/ compose':>10} {'min..max':>14} {'failed':>8} {'outage max':>11}"
+          f" {'longest wait':>13}")
+    def policy(rs):  # what the `surge` event says, e.g. "(max_surge 50%)"
+        m = next((re.search(r"max_surge ([^)]+)", e.get("message", "")) for r in rs for _, e in r["events"]
+                  if e.get("event") == "surge"), None)
+        return m.group(1) if m else "?"
+    rows = [(f"berth max_surge {policy(b)}" + (" (default)" if m is None else ""), b) for m, b in zip(SURGES, bs)]
+    rows.append(("docker-compose (recreate)", c))
+    cmed = med([r["total"] for r in c])
+    for name, rs in rows:
+        t = [r["total"] for r in rs]
+        print(f"  {name:<34} {med(t):>13.2f}s {med(t) / cmed:>9.2f}x {min(t):>6.2f}..{max(t):<6.2f}"
+              f" {sum(r['errors'] for r in rs):>8} {max(r['outage'] for r in rs):>10.3f}s"
+              f" {max(r['wait'] for r in rs):>12.3f}s")
 
 
 def report_big(r):
@@ -348,6 +386,9 @@ def report(b, c, floors, floors_idle, max_surge):
           f"   ({comp['left']:.0f} connection(s) left, median)")
     print(f"  {'stop + remove':<40} {comp['stop_remove']:>7.2f}s")
     print(f"  {'other (between the steps)':<40} {comp['other']:>7.2f}s")
+    waits = [x["wave_wait"] for x in per]
+    print(f"  {'  of it: ready -> its old one draining':<40} {med(waits):>7.2f}s"
+          f"   (max {max(waits):.2f}s: a wave's old replicas drain once its slowest new one is ready)")
     print(f"  {'per replica':<40} {comp['total']:>7.2f}s")
     idle = med(floors_idle)
     print(f"floor: docker run of 1 hardened Envoy until /ready LIVE, under the same wrk load (median of"
