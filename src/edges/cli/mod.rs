@@ -238,6 +238,10 @@ pub enum Command {
         /// Do not watch the engine's container events (rely on the resync).
         #[arg(long, alias = "no-docker-events")]
         no_engine_events: bool,
+        /// Do not watch the replicas' liveness (a replica that stops answering while it holds
+        /// its port is then never killed; e.g. while debugging an Envoy under a debugger).
+        #[arg(long)]
+        no_liveness: bool,
         /// Serve Envoy Gateway's remote infrastructure provider on this address
         /// ("unix:///path" or "tcp://IP:PORT") [default: [envoy_gateway] remote; "off" disables].
         #[arg(long, value_name = "ADDR")]
