@@ -39,7 +39,14 @@ pub struct LiveView {
     pub reason: Option<String>,
     /// When the watcher looked (RFC 3339).
     pub observed_at: String,
+    /// When it was killed as dead: its view outlives it by [`KEEP_KILLED`], so that `/status`
+    /// still says why while its container is replaced.
+    #[serde(skip)]
+    pub killed_at: Option<std::time::Instant>,
 }
+
+/// How long the view of a killed replica stays after the watcher stops seeing it.
+pub const KEEP_KILLED: Duration = Duration::from_secs(300);
 
 /// Container name → its latest view.
 pub type Views = Arc<Mutex<BTreeMap<String, LiveView>>>;
@@ -78,17 +85,24 @@ pub async fn run(shared: Arc<Shared>, cancel: CancellationToken) -> Result<()> {
     }
 }
 
-/// Takes one pass into account: views and `berth_replica_live` replaced by this pass's, a
-/// log line and `berth_replica_repairs_total` for each replica killed. Returns the proxies
+/// Takes one pass into account: views (but those of replicas killed in the last
+/// [`KEEP_KILLED`]) and `berth_replica_live` replaced by this pass's, a log line and `berth_replica_repairs_total` for each replica killed. Returns the proxies
 /// to reconcile now (those that lost a replica).
 pub fn record(metrics: &Metrics, views: &Views, mode: Mode, judged: &[Judged]) -> BTreeSet<String> {
     let at = crate::status::record::now();
     let mut repair = BTreeSet::new();
-    let mut next = BTreeMap::new();
+    let mut next: BTreeMap<String, LiveView> = views
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(_, v)| v.killed_at.is_some_and(|t| t.elapsed() < KEEP_KILLED))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
     metrics.clear("berth_replica_live");
     for j in judged {
         let (proxy, name) = (j.look.proxy.as_str(), j.look.name.as_str());
         let silent = j.silent.map(seconds).unwrap_or_else(|| "-".into());
+        let mut killed_at = None;
         let (live, reason) = match (&j.verdict, &j.killed) {
             (Verdict::Live, _) => (true, None),
             (Verdict::Starting, _) => (false, Some("starting: it has not answered yet".into())),
@@ -114,6 +128,7 @@ pub fn record(metrics: &Metrics, views: &Views, mode: Mode, judged: &[Judged]) -
                     &[("proxy", proxy), ("reason", why.label())],
                 );
                 repair.insert(proxy.to_string());
+                killed_at = Some(std::time::Instant::now());
                 (false, Some(format!("killed: {why}")))
             }
             (Verdict::Dead(why), killed) => {
@@ -142,6 +157,7 @@ pub fn record(metrics: &Metrics, views: &Views, mode: Mode, judged: &[Judged]) -
                 live,
                 reason,
                 observed_at: at.clone(),
+                killed_at,
             },
         );
     }
@@ -219,7 +235,12 @@ mod tests {
         assert!(record(&metrics, &views, Mode::Quiet, &failed).is_empty());
         assert_eq!(repairs("stopped"), None);
         let v = views.lock().unwrap().clone();
-        assert_eq!(v.len(), 1, "gone replicas drop out: {v:?}");
+        assert_eq!(
+            v.len(),
+            2,
+            "gone replicas drop out, killed ones stay: {v:?}"
+        );
+        assert!(v["b"].reason.as_deref().unwrap().starts_with("killed"));
         assert!(v["d"]
             .reason
             .as_deref()
