@@ -251,7 +251,8 @@ pub enum Command {
     /// (Docker Swarm). Runs inside the container, from the derived image berth builds (the Envoy
     /// image plus a static berth at /usr/local/bin/berth-agent).
     ///
-    /// `berth agent run -- ENVOY…` starts Envoy as its child and drains it on SIGTERM;
+    /// `berth agent run -- ENVOY…` starts Envoy as its child, drains it on SIGTERM, and kills
+    /// it when it hangs (stopped, or silent for 2 s while it uses no CPU);
     /// `berth agent health` is the image's HEALTHCHECK. Both read their settings from
     /// BERTH_AGENT_* variables (the service sets them), flags overriding.
     Agent {
