@@ -53,16 +53,16 @@ use crate::core::replica::{
     replica_name, short_hash, DesiredProxy, ObservedContainer, RunState, RESTART_POLICY,
 };
 
-mod live;
 mod display;
 mod drift;
+mod live;
 mod names;
 #[cfg(test)]
 mod tests;
 
 use drift::drift;
-use names::Names;
 pub use live::LiveUpdate;
+use names::Names;
 
 /// A container the plan acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
