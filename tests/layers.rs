@@ -83,7 +83,7 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "berth logs streams container logs with bollard; the engine's logs call takes it over",
     ),
     (
-        "engine/docker.rs",
+        "engine/docker/raw_http.rs",
         "envoy::admin",
         "the Docker adapter speaks HTTP over the Docker socket with Envoy's admin client; it gets its own",
     ),
