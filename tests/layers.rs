@@ -118,6 +118,16 @@ const ALLOWED: &[(&str, &str, &str)] = &[
         "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
     ),
     (
+        "infra/swarm/diff.rs",
+        "bollard::",
+        "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
+    ),
+    (
+        "infra/swarm/entrypoint.rs",
+        "bollard::",
+        "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
+    ),
+    (
         "infra/swarm/placement.rs",
         "bollard::",
         "the Swarm API is called through bollard here; an engine adapter for Swarm objects (services, tasks, configs, secrets, nodes) takes it over",
