@@ -196,10 +196,12 @@ fn unconfirmed_route_change_is_rolled_back_and_reported() {
     // One replica's Envoy is frozen (SIGSTOP to its process; Docker still shows it running):
     // it cannot load the new files, so it never confirms them. berth must put the previous
     // files back (the other replica returns to them) and report the error, instead of leaving
-    // the replicas on different routes.
+    // the replicas on different routes. The liveness watcher is off: it would kill the stopped
+    // replica within seconds (tests/liveness.rs tests that), and this test is about a replica
+    // that stays and does not confirm.
     let case = Case::new("serve-reject");
     case.write(common::TEST_IMAGE, 2, "old\n", "0s");
-    let serve = case.serve(&["--confirm-timeout", "2s"]);
+    let serve = case.serve(&["--confirm-timeout", "2s", "--no-liveness"]);
     serve.wait_for("2 ready replicas", Duration::from_secs(60), |s| {
         s.converged(&case.name, 2)
     });

@@ -14,7 +14,9 @@
 //!   manager (replicated), while the manager's tasks serve on;
 //! - a route change and a certificate rotation under load on both nodes reach both tasks live
 //!   through their agents, each task's Envoy confirming it: 0 failed requests, no task
-//!   replaced, no new spec; a change Envoy refuses is taken back on every task.
+//!   replaced, no new spec; a change Envoy refuses is taken back on every task;
+//! - a worker without `net.ipv4.tcp_migrate_req = 1` (berth sets it on the manager only) is
+//!   named, with the command, as a Degraded warning; once set, it is not.
 //!
 //! Run it on its own: `cargo test --test swarm_nodes` (as root: it makes a network namespace
 //! and a second engine).
@@ -190,6 +192,37 @@ async fn a_rolling_upgrade_on_both_nodes_loses_no_request() {
             || tasks_by_node(&case) == one_on_each(&guard, to),
         );
     }
+}
+
+#[test]
+fn a_worker_without_migrate_req_is_named_with_the_command() {
+    let Some(guard) = scenario("a_worker_without_migrate_req_is_named_with_the_command") else {
+        return;
+    };
+    let (manager, worker) = hostnames(&guard);
+    let case = SwarmCase::new(&guard);
+    case.write(&proxy_toml("twokern", OLD, free_port(), GLOBAL));
+    up_on_both(&case, OLD);
+    let said = |out: &std::process::Output| {
+        assert!(out.status.success(), "berth up failed");
+        stderr(out)
+    };
+
+    guard.set_worker_sysctl("net.ipv4.tcp_migrate_req", "0");
+    let started = Instant::now();
+    let warned = said(&case.berth(&["up"]));
+    eprintln!("up asking the worker's agent: {:?}", started.elapsed());
+    let want = format!("warning: node {worker}: net.ipv4.tcp_migrate_req is 0 there");
+    assert!(warned.contains(&want), "{want} not in: {warned}");
+    assert!(
+        warned.contains("sysctl -w net.ipv4.tcp_migrate_req=1"),
+        "{warned}"
+    );
+    assert!(!warned.contains(&format!("node {manager}:")), "{warned}");
+
+    guard.set_worker_sysctl("net.ipv4.tcp_migrate_req", "1");
+    let quiet = said(&case.berth(&["up"]));
+    assert!(!quiet.contains("tcp_migrate_req is 0"), "{quiet}");
 }
 
 #[test]

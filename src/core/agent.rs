@@ -14,6 +14,24 @@ pub const AGENT_PATH: &str = "/usr/local/bin/berth-agent";
 /// The HEALTHCHECK command of the derived image, in the Engine API's form (`HealthConfig.Test`).
 pub const HEALTHCHECK_TEST: [&str; 4] = ["CMD", AGENT_PATH, "agent", "health"];
 
+/// The HEALTHCHECK's timing (the derived image's and the Swarm service's). It is what acts on
+/// a task whose agent cannot (the agent's own liveness watch kills a hung Envoy within about
+/// 3 s): the engine runs a check [`HEALTH_INTERVAL`] after the previous one ended, each may
+/// take [`HEALTH_TIMEOUT`], and [`HEALTH_RETRIES`] failures in a row make the task unhealthy,
+/// which Swarm replaces: at most [`health_bound`] (6 s) after the last passing check. A check
+/// of a hung Envoy takes about 2 s (two admin calls of 1 s), so the timeout rarely cuts one
+/// short; two failures in a row (not one) so that one slow check on a loaded host never
+/// replaces a task. Slow starts are the start period's (the rollout's `startup_deadline`).
+pub const HEALTH_INTERVAL: Duration = Duration::from_secs(1);
+pub const HEALTH_TIMEOUT: Duration = Duration::from_secs(2);
+pub const HEALTH_RETRIES: u32 = 2;
+
+/// The longest time from a task's last passing health check to its being judged unhealthy:
+/// retries × (interval + timeout).
+pub fn health_bound() -> Duration {
+    (HEALTH_INTERVAL + HEALTH_TIMEOUT) * HEALTH_RETRIES
+}
+
 /// Environment variables the agent reads (flags override them).
 pub const ENV_ADMIN_SOCKET: &str = "BERTH_AGENT_ADMIN_SOCKET";
 pub const ENV_PORTS: &str = "BERTH_AGENT_PORTS";

@@ -75,6 +75,33 @@ fn usage_usec(cpu_stat: &str) -> Option<u64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
+/// The CPU time used so far by process `pid` alone (all its threads, not its cgroup: the
+/// agent shares its container with Envoy, and its own looks must not count as Envoy's):
+/// the threads' `schedstat` (nanoseconds), else `utime + stime` of `/proc/PID/stat` (clock
+/// ticks). None when neither can be read.
+pub fn process_cpu_time(pid: u32) -> Option<Duration> {
+    threads_cpu_time(pid).or_else(|| {
+        let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat_cpu_time(&stat, clock_ticks_per_second())
+    })
+}
+
+/// `utime + stime` (fields 14 and 15) of a `/proc/PID/stat` line, `ticks` to the second.
+fn stat_cpu_time(stat: &str, ticks: u64) -> Option<Duration> {
+    let after = stat.get(stat.rfind(')')? + 1..)?;
+    // After the command: state is field 3, so utime (14) and stime (15) are the 12th and 13th.
+    let mut fields = after.split_whitespace().skip(11);
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    (ticks > 0).then(|| Duration::from_secs_f64((utime + stime) as f64 / ticks as f64))
+}
+
+fn clock_ticks_per_second() -> u64 {
+    // SAFETY: sysconf(3) has no preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    u64::try_from(ticks).unwrap_or(100)
+}
+
 /// The sum of the on-CPU time of `pid`'s threads (`/proc/PID/task/*/schedstat`, nanoseconds).
 fn threads_cpu_time(pid: u32) -> Option<Duration> {
     let tasks = fs::read_dir(format!("/proc/{pid}/task")).ok()?;
@@ -101,6 +128,13 @@ mod tests {
         assert_eq!(state_of_stat("42 (envoy) S 1 42"), Some('S'));
         assert_eq!(state_of_stat("42 (a) b) T 1 42"), Some('T'));
         assert!(!stopped_by_signal(std::process::id()));
+    }
+
+    #[test]
+    fn utime_and_stime_are_read_after_an_awkward_command() {
+        let stat = "42 (a) b) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 9 0 7";
+        assert_eq!(stat_cpu_time(stat, 100), Some(Duration::from_secs(3)));
+        assert!(process_cpu_time(std::process::id()).is_some());
     }
 
     #[test]

@@ -6,6 +6,7 @@
 //! work (serve triggers one).
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use crate::core::liveness::{Thresholds, Tracker, Verdict};
 use crate::infra::{ConvergeError, Infrastructure, ReplicaLook};
@@ -21,6 +22,9 @@ pub struct Watch {
 pub struct Judged {
     pub look: ReplicaLook,
     pub verdict: Verdict,
+    /// How long it has not answered: since its last answer (None: it never answered since it
+    /// was first seen, or it answers).
+    pub silent: Option<Duration>,
     /// For a replica judged dead: whether the kill worked (the engine's error when not).
     pub killed: Option<Result<(), String>>,
 }
@@ -43,11 +47,17 @@ impl Watch {
         self.trackers.retain(|id, _| seen.contains(id.as_str()));
         let mut judged = Vec::with_capacity(looks.len());
         for look in looks {
-            let verdict = self
+            let tracker = self
                 .trackers
                 .entry(look.container.clone())
-                .or_insert_with(|| Tracker::new(Thresholds::default()))
-                .observe(now, look.probe);
+                .or_insert_with(|| Tracker::new(Thresholds::default()));
+            let verdict = tracker.observe(now, look.probe);
+            let silent = match verdict {
+                Verdict::Live => None,
+                _ => tracker
+                    .last_answer()
+                    .map(|at| now.saturating_duration_since(at)),
+            };
             let killed = match verdict {
                 Verdict::Dead(_) => {
                     // A fresh judge for whatever runs under that id next.
@@ -59,6 +69,7 @@ impl Watch {
             judged.push(Judged {
                 look,
                 verdict,
+                silent,
                 killed,
             });
         }

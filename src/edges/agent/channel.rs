@@ -245,6 +245,7 @@ async fn session(
             starting,
             rss_bytes,
             cpu_seconds,
+            kernel: kernel_settings(),
         })),
     })
     .await?;
@@ -411,6 +412,15 @@ pub fn own_cost() -> (u64, f64) {
         })
         .unwrap_or(0.0);
     (rss, cpu)
+}
+
+/// The kernel settings berth tunes, as this task's namespaces show them.
+fn kernel_settings() -> std::collections::HashMap<String, u64> {
+    let sysctls = crate::host::sysctl::Sysctls::default();
+    crate::host::sysctl::Key::ALL
+        .into_iter()
+        .filter_map(|k| Some((k.name().to_string(), sysctls.get(k)?)))
+        .collect()
 }
 
 fn hostname() -> String {

@@ -4,6 +4,8 @@
 //!
 //! - [`run`]: starts Envoy as its child; on SIGTERM/SIGINT drains it with the sequence berth
 //!   uses on one host ([`crate::envoy::drain`]), then stops it and exits with its status;
+//! - [`liveness`]: every second, judges whether Envoy still serves; kills it when it hangs
+//!   (stopped by a signal, or silent while it uses no CPU), so that Swarm replaces the task;
 //! - [`health`]: Docker's HEALTHCHECK, the one readiness probe ([`crate::envoy::readiness`]), plus the
 //!   config version Envoy accepted, on one line that Docker keeps in `State.Health.Log`;
 //! - `infra::swarm::agent_image`: the derived image (the configured Envoy image plus the static agent binary,
@@ -15,6 +17,7 @@
 pub mod channel;
 pub mod envoy_log;
 pub mod health;
+pub mod liveness;
 pub mod run;
 pub mod settings;
 

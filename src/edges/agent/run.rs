@@ -4,6 +4,9 @@
 //! ([`super::envoy_log`]).
 //!
 //! - Envoy exits on its own: the agent exits with its code (128 + N when signal N killed it).
+//! - Envoy hangs (stopped by a signal, or silent while it uses no CPU): the liveness watch
+//!   ([`super::liveness`]) kills its process group; the agent exits 137 and Swarm replaces the
+//!   task. The watch ends when a drain starts.
 //! - SIGTERM or SIGINT (`docker stop`, Swarm retiring a task): the agent drains Envoy with the
 //!   sequence berth uses on one host ([`crate::envoy::drain`]: fail health checks, graceful drain,
 //!   wait for 0 downstream connections or the drain timeout, close the listeners), then sends
@@ -71,9 +74,13 @@ pub async fn run(settings: &Settings, envoy: &[String]) -> Result<i32> {
     say(&format!("started Envoy ({program}), pid {pid}"));
     let _ = envoy_up.send(true);
 
+    let mut liveness = std::pin::pin!(super::liveness::watch(&settings.admin_socket, pid as u32));
+    let mut watching = true;
     let why = loop {
         tokio::select! {
             status = child.wait() => return Ok(ended(status?, "")),
+            // Killed: its end comes through `child.wait()`.
+            _ = &mut liveness, if watching => watching = false,
             why = stop.next() => break why,
             sig = forwarded.next() => {
                 // SAFETY: kill(2) with our child's pid and a valid signal.

@@ -24,6 +24,10 @@ pub enum AgentCommand {
     /// SIGTERM Envoy (SIGKILL 5 s later). A second signal cuts the drain short. SIGHUP,
     /// SIGQUIT, SIGUSR1 and SIGUSR2 are forwarded to Envoy.
     ///
+    /// Every second the agent asks Envoy's /ready: once Envoy has answered, 2 s of silence
+    /// while Envoy is stopped by a signal or uses under 1 ms of CPU per second get its process
+    /// group SIGKILL, and the agent exits 137.
+    ///
     /// The stop grace period of the container must exceed the drain timeout: give it the drain
     /// timeout + 10 s (berth does so for the services it creates).
     ///

@@ -476,6 +476,7 @@ pub(super) async fn serve(cli: &Cli) -> Result<()> {
         confirm_timeout,
         no_watch,
         no_engine_events,
+        no_liveness,
         remote,
     } = &cli.command
     else {
@@ -499,6 +500,7 @@ pub(super) async fn serve(cli: &Cli) -> Result<()> {
             confirm_timeout: *confirm_timeout,
             watch: no_watch.then_some(false),
             engine_events: no_engine_events.then_some(false),
+            liveness: no_liveness.then_some(false),
         },
         remote: match remote.as_deref() {
             None => crate::edges::serve::RemoteFlag::FromConfig,

@@ -238,6 +238,10 @@ pub enum Command {
         /// Do not watch the engine's container events (rely on the resync).
         #[arg(long, alias = "no-docker-events")]
         no_engine_events: bool,
+        /// Do not watch the replicas' liveness (a replica that stops answering while it holds
+        /// its port is then never killed; e.g. while debugging an Envoy under a debugger).
+        #[arg(long)]
+        no_liveness: bool,
         /// Serve Envoy Gateway's remote infrastructure provider on this address
         /// ("unix:///path" or "tcp://IP:PORT") [default: [envoy_gateway] remote; "off" disables].
         #[arg(long, value_name = "ADDR")]
@@ -247,7 +251,8 @@ pub enum Command {
     /// (Docker Swarm). Runs inside the container, from the derived image berth builds (the Envoy
     /// image plus a static berth at /usr/local/bin/berth-agent).
     ///
-    /// `berth agent run -- ENVOY…` starts Envoy as its child and drains it on SIGTERM;
+    /// `berth agent run -- ENVOY…` starts Envoy as its child, drains it on SIGTERM, and kills
+    /// it when it hangs (stopped, or silent for 2 s while it uses no CPU);
     /// `berth agent health` is the image's HEALTHCHECK. Both read their settings from
     /// BERTH_AGENT_* variables (the service sets them), flags overriding.
     Agent {

@@ -8,7 +8,8 @@
 //!  engine changes ──┼──► triggers ──► scheduler ──► reconciler: one pass per dirty proxy,
 //!  periodic resync ─┤                (coalesces,    through the operations layer (host
 //!  EG remote ───────┤                 requeues)     prepared, files delivered, replicas rolled;
-//!  ACME renewal ────┘                               due ACME certificates obtained)
+//!  ACME renewal ────┤                               due ACME certificates obtained)
+//!  liveness (1 s) ──┘ (kills a replica that stopped serving, then asks for its pass)
 //!  status server  ◄── Shared { desired, record, metrics }
 //!  signals ──► cancel
 //! ```
@@ -23,6 +24,7 @@ mod api;
 mod config;
 pub mod eg_proxies;
 mod events;
+pub mod liveness;
 pub mod reconciler;
 mod resync;
 pub mod scheduler;
@@ -85,6 +87,8 @@ pub struct ServeFlags {
     pub watch: Option<bool>,
     /// Some(false): do not watch the engine's events.
     pub engine_events: Option<bool>,
+    /// Some(false): do not watch the replicas' liveness.
+    pub liveness: Option<bool>,
 }
 
 impl ServeFlags {
@@ -96,6 +100,7 @@ impl ServeFlags {
             confirm_timeout: self.confirm_timeout.unwrap_or(section.confirm_timeout),
             watch: self.watch.unwrap_or(section.watch),
             engine_events: self.engine_events.unwrap_or(section.engine_events),
+            liveness: self.liveness.unwrap_or(section.liveness),
             acme: section.acme,
         }
     }
@@ -253,6 +258,8 @@ pub struct Shared {
     pub triggers: mpsc::UnboundedSender<Trigger>,
     /// Who follows the passes' progress events.
     pub watchers: Arc<Watchers>,
+    /// The liveness watcher's latest verdict of each replica, by container name.
+    pub liveness: liveness::Views,
 }
 
 impl Shared {
@@ -589,6 +596,7 @@ pub async fn run(opts: Options) -> Result<()> {
         rejected: Mutex::new(BTreeMap::new()),
         triggers: tx,
         watchers: Arc::default(),
+        liveness: Arc::default(),
     });
     // Proxies Envoy Gateway asked an earlier serve for are desired before the first reconcile
     // (else they would look like leftovers and be removed).
@@ -709,6 +717,12 @@ pub async fn run(opts: Options) -> Result<()> {
         components.push((
             "docker events",
             Box::pin(events::run(shared.clone(), cancel.clone())),
+        ));
+    }
+    if settings.liveness {
+        components.push((
+            "liveness",
+            Box::pin(liveness::run(shared.clone(), cancel.clone())),
         ));
     }
     if settings.acme {

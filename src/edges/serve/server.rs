@@ -2,7 +2,8 @@
 //!
 //! - `GET /healthz`: 200 "ok" while serve runs;
 //! - `GET /status`: JSON: the config as last loaded and, per proxy, the desired generation, each
-//!   replica's observed generation, conditions and the last rollout;
+//!   replica's observed generation and liveness (the watcher's latest verdict), conditions and
+//!   the last rollout;
 //! - `GET /metrics`: Prometheus text: berth's own metrics, then every replica's Envoy stats
 //!   (`/stats/prometheus?usedonly` over its admin socket) labelled `proxy` and `replica`.
 
@@ -140,6 +141,9 @@ pub struct ReplicaStatus {
     /// Why it is not ready, when it is not.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// The liveness watcher's latest verdict (absent until it has looked, or when it is off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub liveness: Option<super::liveness::LiveView>,
     pub spec: String,
     /// The generation this replica has confirmed: the version its Envoy accepted for every
     /// watched file, capped by the generation its container spec was first desired at.
@@ -224,6 +228,11 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
     let mut names: BTreeSet<String> = targets.keys().cloned().collect();
     names.extend(record.proxies.keys().cloned());
     let rows = shared.ops.status(&names).await?;
+    let live = shared
+        .liveness
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let mut proxies = Vec::new();
     for name in names {
         let mut rec = record.proxies.get(&name).cloned().unwrap_or_default();
@@ -252,6 +261,7 @@ async fn status(shared: &Shared) -> Result<ServeStatus> {
                     ready: r.ready,
                     envoy: r.envoy.clone(),
                     reason: r.reason.clone(),
+                    liveness: live.get(&r.container).cloned(),
                     spec: r.spec.clone(),
                     // A replica of an older spec has not observed the generations after it.
                     observed_generation: if current {

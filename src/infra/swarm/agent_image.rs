@@ -5,7 +5,7 @@
 //! ```dockerfile
 //! FROM <base image ID>
 //! COPY berth-agent /usr/local/bin/berth-agent
-//! HEALTHCHECK --interval=1s --timeout=3s --retries=3 CMD ["/usr/local/bin/berth-agent","agent","health"]
+//! HEALTHCHECK --interval=1s --timeout=2s --retries=2 CMD ["/usr/local/bin/berth-agent","agent","health"]
 //! ENTRYPOINT ["/usr/local/bin/berth-agent","agent","run","--", <the base image's ENTRYPOINT>]
 //! ```
 //!
@@ -24,7 +24,7 @@ use anyhow::{bail, Context, Result};
 use sha2::{Digest, Sha256};
 
 use super::agent_binary as binary;
-use crate::core::agent::AGENT_PATH;
+use crate::core::agent::{AGENT_PATH, HEALTH_INTERVAL, HEALTH_RETRIES, HEALTH_TIMEOUT};
 use crate::engine::{ContainerEngine, ImageBuild};
 
 /// The repository of derived images.
@@ -135,8 +135,11 @@ fn dockerfile(base_id: &str, entrypoint: &[String]) -> Result<String> {
     Ok(format!(
         "FROM {base_id}\n\
          COPY berth-agent {AGENT_PATH}\n\
-         HEALTHCHECK --interval=1s --timeout=3s --retries=3 CMD {}\n\
+         HEALTHCHECK --interval={}s --timeout={}s --retries={} CMD {}\n\
          ENTRYPOINT {}\n",
+        HEALTH_INTERVAL.as_secs(),
+        HEALTH_TIMEOUT.as_secs(),
+        HEALTH_RETRIES,
         serde_json::to_string(&health)?,
         serde_json::to_string(&run)?,
     ))
@@ -242,7 +245,7 @@ mod tests {
             text,
             "FROM sha256:1\n\
              COPY berth-agent /usr/local/bin/berth-agent\n\
-             HEALTHCHECK --interval=1s --timeout=3s --retries=3 CMD [\"/usr/local/bin/berth-agent\",\"agent\",\"health\"]\n\
+             HEALTHCHECK --interval=1s --timeout=2s --retries=2 CMD [\"/usr/local/bin/berth-agent\",\"agent\",\"health\"]\n\
              ENTRYPOINT [\"/usr/local/bin/berth-agent\",\"agent\",\"run\",\"--\",\"/docker-entrypoint.sh\"]\n"
         );
     }

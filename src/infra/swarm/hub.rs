@@ -43,6 +43,9 @@ struct Attached {
     since: SystemTime,
     rss_bytes: u64,
     cpu_seconds: f64,
+    /// The node's hostname and kernel settings, as its hello said.
+    node: String,
+    kernel: BTreeMap<String, u64>,
 }
 
 /// What status shows of an attached agent.
@@ -53,6 +56,8 @@ pub struct AgentView {
     pub since: SystemTime,
     pub rss_bytes: u64,
     pub cpu_seconds: f64,
+    pub node: String,
+    pub kernel: BTreeMap<String, u64>,
 }
 
 #[derive(Default)]
@@ -144,6 +149,8 @@ impl Hub {
                         since: a.since,
                         rss_bytes: a.rss_bytes,
                         cpu_seconds: a.cpu_seconds,
+                        node: a.node.clone(),
+                        kernel: a.kernel.clone(),
                     },
                 )
             })
@@ -338,6 +345,8 @@ impl wire::agent_channel_server::AgentChannel for Service {
             since: SystemTime::now(),
             rss_bytes: hello.rss_bytes,
             cpu_seconds: hello.cpu_seconds,
+            node: hello.node.clone(),
+            kernel: hello.kernel.into_iter().collect(),
         };
         let task = hello.task.clone();
         tracing::info!(%proxy, %task, starting = hello.starting, "agent attached");

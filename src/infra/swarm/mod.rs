@@ -18,6 +18,7 @@ mod entrypoint;
 mod events;
 pub mod hub;
 mod images;
+mod kernel;
 mod live;
 mod objects;
 pub mod pki;
@@ -74,6 +75,8 @@ pub struct Swarm {
     agent_address: std::net::SocketAddr,
     /// The agent channel, started by the first converge that needs it.
     hub: tokio::sync::OnceCell<hub::Hub>,
+    /// This node's Swarm ID (its host settings are berth's to set; other nodes' are reported).
+    node_id: String,
     /// How many nodes the Swarm had when berth connected.
     nodes: usize,
     /// Derived images this process pushed already, local tag → pinned registry reference
@@ -111,6 +114,7 @@ impl Swarm {
         let agent_address = settings
             .agent_address
             .unwrap_or((node_addr, crate::core::agent::channel::PORT).into());
+        let node_id = swarm.node_id.clone().unwrap_or_default();
         let node_state = swarm
             .local_node_state
             .map(|s| s.to_string())
@@ -155,6 +159,7 @@ impl Swarm {
             no_agent: settings.no_agent,
             agent_address,
             hub: tokio::sync::OnceCell::new(),
+            node_id,
             nodes,
             pushed: Default::default(),
             description,
@@ -274,21 +279,23 @@ impl Infrastructure for Swarm {
         fleet: &[Target],
         policy: crate::core::policy::HostPolicy,
     ) -> Result<HostPreparation, ConvergeError> {
-        // The manager's own kernel settings (tcp_migrate_req above all); other nodes are the
-        // operator's (README: multi-node). Ports are held by the services' own tasks, so there
+        // The manager's own kernel settings (tcp_migrate_req above all); other nodes' are the
+        // operator's, reported from their tasks' agents (kernel.rs). Ports are held by the services' own tasks, so there
         // is no port check here.
         let settings = crate::host::Settings::for_host(policy.tune, self.task_pids().await);
         let prepared = crate::host::prepare(&crate::host::preflight::host_needs(fleet), &settings)
             .map_err(|r| ConvergeError::Host {
                 problem: r.to_string(),
             })?;
+        let mut degraded: Vec<(String, String)> = prepared
+            .degraded()
+            .map(|(reason, message)| (reason.to_string(), message))
+            .into_iter()
+            .collect();
+        degraded.extend(self.kernel_concerns(fleet).await);
         Ok(HostPreparation {
             notes: prepared.change_lines(),
-            degraded: prepared
-                .degraded()
-                .map(|(reason, message)| (reason.to_string(), message))
-                .into_iter()
-                .collect(),
+            degraded,
         })
     }
 

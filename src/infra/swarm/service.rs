@@ -320,9 +320,10 @@ pub fn plan(target: &Target, cx: &Context<'_>, ids: &BTreeMap<String, String>) -
                 a.image.clone(),
                 Some(HealthConfig {
                     test: Some(a.health_test.clone()),
-                    interval: Some(ns(Duration::from_secs(1))),
-                    timeout: Some(ns(Duration::from_secs(3))),
-                    retries: Some(3),
+                    // See core::agent::health_bound: 6 s from the last passing check.
+                    interval: Some(ns(crate::core::agent::HEALTH_INTERVAL)),
+                    timeout: Some(ns(crate::core::agent::HEALTH_TIMEOUT)),
+                    retries: Some(i64::from(crate::core::agent::HEALTH_RETRIES)),
                     start_period: Some(ns(desired.rollout.startup_deadline)),
                     start_interval: None,
                 }),

@@ -162,9 +162,19 @@ fn the_agent_brings_its_image_health_check_and_grace_period() {
         .unwrap()
         .contains(&"BERTH_AGENT_PORTS=8080".to_string()));
     assert_eq!(c.stop_grace_period, Some(70_000_000_000));
+    let health = c.health_check.unwrap();
     assert_eq!(
-        c.health_check.unwrap().start_period,
+        health.start_period,
         Some(t.desired.rollout.startup_deadline.as_nanos() as i64)
+    );
+    // A task the agent cannot help (frozen but for Envoy's socket) is unhealthy within 6 s.
+    assert_eq!(
+        (health.interval, health.timeout, health.retries),
+        (Some(1_000_000_000), Some(2_000_000_000), Some(2))
+    );
+    assert_eq!(
+        crate::core::agent::health_bound(),
+        std::time::Duration::from_secs(6)
     );
 }
 

@@ -9,6 +9,7 @@
 //! watch = true                  # watch the config file and the files it names
 //! engine_events = true          # react to the engine's container events
 //! acme = true                   # obtain and renew ACME listener certificates when due
+//! liveness = true               # kill (then replace) a replica that stops serving
 //! ```
 
 use std::net::SocketAddr;
@@ -25,6 +26,7 @@ const KEYS: &[&str] = &[
     "watch",
     "engine_events",
     "acme",
+    "liveness",
 ];
 
 /// The default address of the status server: loopback only.
@@ -44,6 +46,8 @@ pub struct ServeSection {
     pub engine_events: bool,
     /// Renew ACME listener certificates when due (and retry failures after their backoff).
     pub acme: bool,
+    /// Watch every replica's liveness each second; kill and replace the dead.
+    pub liveness: bool,
 }
 
 impl Default for ServeSection {
@@ -55,6 +59,7 @@ impl Default for ServeSection {
             watch: true,
             engine_events: true,
             acme: true,
+            liveness: true,
         }
     }
 }
@@ -89,6 +94,7 @@ pub(super) fn section(cx: &mut Ctx, root: &Tbl) -> ServeSection {
     out.watch = flag(cx, &t, "watch");
     out.engine_events = flag(cx, &t, "engine_events");
     out.acme = flag(cx, &t, "acme");
+    out.liveness = flag(cx, &t, "liveness");
     out
 }
 
@@ -123,13 +129,13 @@ mod tests {
         let all = parse(path, PROXY).unwrap().serve;
         assert_eq!(all, super::ServeSection::default());
         let text = format!(
-            "[serve]\nlisten = \"off\"\nresync = \"0s\"\nconfirm_timeout = \"2s\"\nwatch = false\nengine_events = false\nacme = false\n{PROXY}"
+            "[serve]\nlisten = \"off\"\nresync = \"0s\"\nconfirm_timeout = \"2s\"\nwatch = false\nengine_events = false\nacme = false\nliveness = false\n{PROXY}"
         );
         let s = parse(path, &text).unwrap().serve;
         assert_eq!(s.listen, None);
         assert_eq!(s.resync, None);
         assert_eq!(s.confirm_timeout, Duration::from_secs(2));
-        assert!(!s.watch && !s.engine_events && !s.acme);
+        assert!(!s.watch && !s.engine_events && !s.acme && !s.liveness);
     }
 
     #[test]
