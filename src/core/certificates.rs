@@ -18,6 +18,38 @@ use sha2::{Digest, Sha256};
 
 use crate::core::ir;
 
+/// What locating an ACME listener's certificate (`ops::acme::locate`) does when it has no usable
+/// certificate yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placeholders {
+    /// Writes a placeholder into the state directory: for the state directory's one writer.
+    Write,
+    /// Makes one in memory and writes nothing: for a command that does not hold the state
+    /// directory. A serve may be installing an issued pair at that moment (key first, then
+    /// certificate), and a reader that saw the two mismatch and "repaired" them would destroy
+    /// the new certificate.
+    InMemory,
+}
+
+/// A placeholder pair made in memory ([`Placeholders::InMemory`]), standing at the paths the
+/// listener was pointed at.
+#[derive(Clone)]
+pub struct Placeholder {
+    pub cert_file: PathBuf,
+    pub key_file: PathBuf,
+    pub cert_pem: Vec<u8>,
+    pub key_pem: Vec<u8>,
+}
+
+impl std::fmt::Debug for Placeholder {
+    // Never the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Placeholder")
+            .field("cert_file", &self.cert_file)
+            .finish_non_exhaustive()
+    }
+}
+
 /// One listener certificate's chain and key, checked.
 #[derive(Clone, PartialEq, Eq, Serialize)]
 pub struct Certificate {
@@ -80,11 +112,11 @@ impl Certificate {
 /// Reads and checks every listener certificate of a proxy (standalone mode; none in xds mode).
 /// Every problem is reported, each naming its file. The pairs in `in_memory` stand in for the
 /// files at their paths (ACME placeholders made by a command that does not hold the state
-/// directory, see [`crate::ops::acme::Placeholders`]).
+/// directory, see [`Placeholders`]).
 pub fn load(
     proxy: &ir::ProxyInfra,
     now: SystemTime,
-    in_memory: &[crate::ops::acme::Placeholder],
+    in_memory: &[Placeholder],
 ) -> Result<Vec<Certificate>> {
     let ir::Routing::Standalone(s) = &proxy.routing else {
         return Ok(Vec::new());

@@ -46,7 +46,6 @@
 //! socket directory, which a new container of the same name would share.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
@@ -54,11 +53,16 @@ use crate::core::replica::{
     replica_name, short_hash, DesiredProxy, ObservedContainer, RunState, RESTART_POLICY,
 };
 
+mod display;
+mod drift;
 mod live;
+mod names;
 #[cfg(test)]
 mod tests;
 
+use drift::drift;
 pub use live::LiveUpdate;
+use names::Names;
 
 /// A container the plan acts on.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -253,207 +257,6 @@ impl Action {
             Action::Replace { new_name, .. } => Some(new_name),
             Action::Start { .. } | Action::Remove { .. } => None,
         }
-    }
-}
-
-/// "edge/1", or "edge" without a slot, "?" without a proxy.
-fn target(proxy: &str, slot: Option<u32>) -> String {
-    let proxy = if proxy.is_empty() { "?" } else { proxy };
-    match slot {
-        Some(s) => format!("{proxy}/{s}"),
-        None => proxy.to_string(),
-    }
-}
-
-fn hash_for_display(h: &str) -> &str {
-    if h.is_empty() {
-        "(none)"
-    } else {
-        short_hash(h)
-    }
-}
-
-impl fmt::Display for ReplaceReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplaceReason::SpecChanged { from, to } => write!(
-                f,
-                "spec {} → {}",
-                hash_for_display(from),
-                hash_for_display(to)
-            ),
-            ReplaceReason::StoppedOutdated { from, to } => write!(
-                f,
-                "stopped, spec {} → {}",
-                hash_for_display(from),
-                hash_for_display(to)
-            ),
-            ReplaceReason::Drifted { what } => write!(f, "drifted: {what}"),
-            ReplaceReason::Dead => f.write_str("dead"),
-            ReplaceReason::BootstrapChanged => {
-                f.write_str("its bootstrap file was changed on disk")
-            }
-            ReplaceReason::NotServing { detail } => write!(f, "not serving: {detail}"),
-        }
-    }
-}
-
-impl fmt::Display for RemoveReason {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RemoveReason::ScaleDown => "scale down",
-            RemoveReason::ProxyRemoved => "proxy removed",
-            RemoveReason::Duplicate => "duplicate in slot",
-            RemoveReason::Unidentifiable => "unidentifiable (proxy or slot label unreadable)",
-        })
-    }
-}
-
-/// terraform-like: `+ create edge/0 as berth-edge-0-1a2b3c4d`, `> start edge/2 (name)`,
-/// `~ replace edge/1 (name): spec a1b2c3d4e5f6 → d4e5f6a1b2c3`,
-/// `- remove old/0 (name): proxy removed`.
-impl fmt::Display for Action {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Action::Create { proxy, slot, name } => {
-                write!(f, "+ create {} as {name}", target(proxy, Some(*slot)))
-            }
-            Action::Start {
-                proxy,
-                slot,
-                container,
-            } => write!(
-                f,
-                "> start {} ({})",
-                target(proxy, Some(*slot)),
-                container.name
-            ),
-            Action::Replace {
-                proxy,
-                slot,
-                old,
-                reason,
-                ..
-            } => write!(
-                f,
-                "~ replace {} ({}): {reason}",
-                target(proxy, Some(*slot)),
-                old.name
-            ),
-            Action::Remove {
-                proxy,
-                slot,
-                container,
-                reason,
-            } => write!(
-                f,
-                "- remove {} ({}): {reason}",
-                target(proxy, *slot),
-                container.name
-            ),
-        }
-    }
-}
-
-impl fmt::Display for Note {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "! {}", target(&self.proxy, self.slot))?;
-        if let Some(c) = &self.container {
-            write!(f, " ({})", c.name)?;
-        }
-        write!(f, ": {}", self.message)
-    }
-}
-
-/// "Plan: 1 to create, 0 to start, 2 to replace, 1 to remove."
-impl fmt::Display for PlanSummary {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "Plan: {} to create, {} to start, {} to replace, {} to remove.",
-            self.create, self.start, self.replace, self.remove
-        )
-    }
-}
-
-/// One line per action, then one per note, then the summary; "No changes." when empty.
-impl fmt::Display for Plan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        for a in &self.actions {
-            writeln!(f, "{a}")?;
-        }
-        for u in &self.live {
-            writeln!(f, "{u}")?;
-        }
-        for n in &self.notes {
-            writeln!(f, "{n}")?;
-        }
-        if self.changes_nothing() {
-            writeln!(f, "No changes.")
-        } else {
-            writeln!(f, "{}", self.summary_line())
-        }
-    }
-}
-
-/// Docker reports "no limit" as 0; berth's spec says `None`.
-fn limit(v: Option<i64>) -> Option<i64> {
-    v.filter(|&n| n != 0)
-}
-
-fn show_limit(v: Option<i64>, f: impl Fn(i64) -> String) -> String {
-    v.map_or_else(|| "none".to_string(), f)
-}
-
-/// The live settings of `c` that differ from `d`'s spec, each as
-/// "<setting> <desired> → <live> (live)".
-fn drift(d: &DesiredProxy, c: &ObservedContainer) -> Vec<String> {
-    let mut out = Vec::new();
-    let (want, have) = (limit(d.spec.memory), limit(c.live.memory));
-    if want != have {
-        let show = |v| show_limit(v, |n| n.to_string());
-        out.push(format!("memory {} → {} (live)", show(want), show(have)));
-    }
-    let (want, have) = (limit(d.spec.nano_cpus), limit(c.live.nano_cpus));
-    if want != have {
-        let show = |v| show_limit(v, |n| (n as f64 / 1e9).to_string());
-        out.push(format!("cpus {} → {} (live)", show(want), show(have)));
-    }
-    if c.live.restart_policy != RESTART_POLICY {
-        let have = if c.live.restart_policy.is_empty() {
-            "none"
-        } else {
-            &c.live.restart_policy
-        };
-        out.push(format!("restart policy {RESTART_POLICY} → {have} (live)"));
-    }
-    match c.recorded_name() {
-        Some(n) if n == c.name => {}
-        Some(n) => out.push(format!("name {n} → {} (live)", c.name)),
-        None => out.push(format!("name label missing (live name {})", c.name)),
-    }
-    if c.state == RunState::Paused {
-        out.push("paused".to_string());
-    }
-    out
-}
-
-/// Picks names for new containers that no observed container (berth's or not) has.
-struct Names {
-    taken: BTreeSet<String>,
-}
-
-impl Names {
-    fn fresh(&mut self, proxy: &str, slot: u32, hash: &str) -> String {
-        let base = replica_name(proxy, slot, hash);
-        let mut name = base.clone();
-        let mut n = 0u32;
-        while self.taken.contains(&name) {
-            n += 1;
-            name = format!("{base}-{n}");
-        }
-        self.taken.insert(name.clone());
-        name
     }
 }
 

@@ -44,7 +44,7 @@ fn target_of(replicas: u32, body: &str, on_failure: &str, extra: &str) -> Target
         &Renderer::builtin(),
         Path::new("/var/lib/b"),
         2,
-        crate::ops::acme::Placeholders::InMemory,
+        crate::core::certificates::Placeholders::InMemory,
     )
     .unwrap();
     t.remove(0)

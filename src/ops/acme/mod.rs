@@ -31,6 +31,7 @@ use anyhow::{Context, Result};
 
 use crate::core::ir::{self, ProxyInfra};
 
+pub use crate::core::certificates::{Placeholder, Placeholders};
 pub use issue::{due_at, renew_due, Converger, Renewal};
 pub use solve::solver_name;
 pub use status::AcmeStatus;
@@ -77,37 +78,6 @@ pub fn listeners(proxy: &ProxyInfra) -> Vec<(&str, &ir::Acme)> {
 /// The directory of account credentials.
 pub fn accounts_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("acme").join("accounts")
-}
-
-/// What [`locate`] does for an ACME listener with no usable certificate yet.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Placeholders {
-    /// Writes a placeholder into the state directory: for the state directory's one writer.
-    Write,
-    /// Makes one in memory and writes nothing: for a command that does not hold the state
-    /// directory. A serve may be installing an issued pair at that moment (key first, then
-    /// certificate), and a reader that saw the two mismatch and "repaired" them would destroy
-    /// the new certificate.
-    InMemory,
-}
-
-/// A placeholder pair made in memory ([`Placeholders::InMemory`]), standing at the paths the
-/// listener was pointed at.
-#[derive(Clone)]
-pub struct Placeholder {
-    pub cert_file: PathBuf,
-    pub key_file: PathBuf,
-    pub cert_pem: Vec<u8>,
-    pub key_pem: Vec<u8>,
-}
-
-impl std::fmt::Debug for Placeholder {
-    // Never the key.
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Placeholder")
-            .field("cert_file", &self.cert_file)
-            .finish_non_exhaustive()
-    }
 }
 
 /// Points every ACME listener of `proxy` at berth's copies in `state_dir`. Where there is no
