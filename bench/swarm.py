@@ -42,14 +42,14 @@ REPLICAS = 3
 SETTLE = 2.0
 AGENT = BERTH        # static: berth and its own agent
 PLAIN_BERTH = BERTH
-# The plain side runs without the agent: berth falls back to the image's own entrypoint when the
-# agent binary it is given is not static (a setting for it would be cleaner).
-NO_AGENT = "/bin/true"
 
 
-def config(name, port, image):
+def config(name, port, image, agent=True):
+    """The proxy; the plain side's without the agent (`[swarm] agent = false`): Envoy's own
+    entrypoint, as a plain Swarm service runs it (berth refuses a non-static agent binary)."""
+    swarm = "" if agent else "\n[swarm]\nagent = false\n"
     return f"""engine = "swarm"
-
+{swarm}
 [[proxy]]
 name = "{name}"
 image = "{image}"
@@ -75,10 +75,8 @@ direct_response = {{ status = 200, body = "{name}\\n" }}
 """
 
 
-def berth_cmd(binary, cfg, state, *args, agent=True):
-    # env's options (-u) come before its assignments.
-    env = ["env", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}"]
-    env += [f"BERTH_AGENT_BINARY={AGENT if agent else NO_AGENT}"]
+def berth_cmd(binary, cfg, state, *args):
+    env = ["env", f"BERTH_SYSCTL_DROPIN={SYSCTL_DROPIN}", f"BERTH_AGENT_BINARY={AGENT}"]
     return env + [binary, "-f", cfg, "--state-dir", state, "--container-label", LABEL, *args]
 
 
@@ -122,8 +120,8 @@ def berth_side(d):
 def plain_side(d):
     cfg, state = os.path.join(d, "plain.toml"), os.path.join(d, "p")
     with open(cfg, "w") as f:
-        f.write(config("bswplain", PLAIN_PORT, OLD))
-    sh(*berth_cmd(PLAIN_BERTH, cfg, state, "-q", "up", agent=False))
+        f.write(config("bswplain", PLAIN_PORT, OLD, agent=False))
+    sh(*berth_cmd(PLAIN_BERTH, cfg, state, "-q", "up"))
     wait_serving(PLAIN_PORT, REPLICAS, "bswplain\n")
 
     def update(image):
@@ -134,7 +132,7 @@ def plain_side(d):
     try:
         return rollouts(d, "bswplain", PLAIN_PORT, update)
     finally:
-        sh(*berth_cmd(PLAIN_BERTH, cfg, state, "-q", "down", agent=False), check=False)
+        sh(*berth_cmd(PLAIN_BERTH, cfg, state, "-q", "down"), check=False)
 
 
 def table(b, p):
