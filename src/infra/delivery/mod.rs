@@ -250,12 +250,23 @@ async fn restore(
     }
     not_back.sort();
     not_back.dedup();
+    restored_summary(previous, &not_back, "", "every replica serves them")
+}
+
+/// How a restore of `previous` went: `where_` follows "were restored" (e.g. " on every
+/// task"), `all_back` is said when none of them is `not_back`.
+pub fn restored_summary(
+    previous: &BTreeMap<String, String>,
+    not_back: &[String],
+    where_: &str,
+    all_back: &str,
+) -> String {
     let what = match generation_of(previous) {
-        Some(g) => format!("the previous files (generation {g}) were restored"),
-        None => "the previous files were restored".to_string(),
+        Some(g) => format!("the previous files (generation {g}) were restored{where_}"),
+        None => format!("the previous files were restored{where_}"),
     };
     if not_back.is_empty() {
-        format!("{what}; every replica serves them")
+        format!("{what}; {all_back}")
     } else {
         format!("{what}; not confirmed yet by {}", not_back.join(", "))
     }

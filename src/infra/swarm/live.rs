@@ -148,15 +148,7 @@ async fn restore(
         .into_iter()
         .flatten()
         .collect();
-    let what = match delivery::generation_of(previous) {
-        Some(g) => format!("the previous files (generation {g}) were restored on every task"),
-        None => "the previous files were restored on every task".to_string(),
-    };
-    if not_back.is_empty() {
-        format!("{what}; each serves them")
-    } else {
-        format!("{what}; not confirmed yet by {}", not_back.join(", "))
-    }
+    delivery::restored_summary(previous, &not_back, " on every task", "each serves them")
 }
 
 /// The live set the tasks are to serve: the stamped watched files and the certificate copies
